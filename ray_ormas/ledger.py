@@ -1,0 +1,133 @@
+"""The run ledger: one small Ray actor per `fit()` that the driver, the controller and the workers share.
+
+It does two things:
+
+* **Rendezvous before every ray-ormas report.** `ray.train.report` is a barrier: if ranks call
+  it different numbers of times (loaders of different lengths, a rank that left its loop early),
+  Ray waits forever. Before ray-ormas calls `ray.train.report`, every rank first meets at the
+  ledger and says which report it is at (`user`, `periodic` or `final`) and at which step. If the
+  ranks disagree, each raises `RankMismatchError` at once; if a rank does not arrive within
+  `sync_timeout_s`, the waiting ranks raise `RankSyncTimeoutError` naming the missing ranks. A
+  clear error instead of a hang. Meetings are keyed by a token that rank 0 draws at the start of
+  each worker-group attempt, so a restarted group never meets the previous one's ranks.
+* **The fleet view.** `LedgerCallback` is a Ray Train `UserCallback`; it runs on the controller,
+  and its `after_report` hook receives one metrics dict per rank (index = world rank) for every
+  report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
+  is exactly what went through `ray.train.report`.
+
+The ledger is created by the driver (`RunLedger.options(num_cpus=0).remote(...)`), lives as long
+as the driver's handle, and is killed by the trainer when `fit()` ends.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.train import Checkpoint, UserCallback
+
+RANK_KEY = "ormas/rank"
+
+
+class RankMismatchError(RuntimeError):
+    """Ranks reached different ray-ormas reports: they ran different numbers of steps or reports."""
+
+
+class RankSyncTimeoutError(TimeoutError):
+    """A rank did not reach a ray-ormas report within `sync_timeout_s`."""
+
+
+@dataclass
+class _Meeting:
+    arrivals: dict[int, tuple[str, int]] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@ray.remote(num_cpus=0)
+class RunLedger:
+    """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
+
+    def __init__(self, world_size: int) -> None:
+        self._world = world_size
+        self._meetings: dict[tuple[str, int], _Meeting] = {}
+        self._reports: list[list[dict[str, Any]]] = []
+        self._exceptions: list[dict[int, str]] = []
+        self._records: dict[str, str] = {}
+
+    async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int) -> dict[int, tuple[str, int]]:
+        """Wait until every rank has arrived at meeting (token, seq); return what each said."""
+        m = self._meetings.setdefault((token, seq), _Meeting())
+        m.arrivals[rank] = (kind, step)
+        if len(m.arrivals) >= self._world:
+            m.done.set()
+        await m.done.wait()
+        return dict(m.arrivals)
+
+    def arrived(self, token: str, seq: int) -> dict[int, tuple[str, int]]:
+        """Who has arrived at meeting (token, seq) so far, and with what."""
+        m = self._meetings.get((token, seq))
+        return dict(m.arrivals) if m is not None else {}
+
+    def add_report(self, per_rank: list[dict[str, Any]]) -> None:
+        self._reports.append(per_rank)
+
+    def add_exception(self, per_rank: dict[int, str]) -> None:
+        self._exceptions.append(per_rank)
+
+    def set_record(self, monitor: str, path: str) -> None:
+        self._records[monitor] = path
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records)}
+
+
+def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: str, step: int,
+         timeout_s: float) -> dict[int, tuple[str, int]]:
+    """Meet every other rank at the ledger before report number `seq`; raise instead of hanging.
+
+    Returns {rank: (kind, step)}. Raises RankMismatchError if ranks are at different kinds of
+    report, RankSyncTimeoutError if some rank has not arrived after `timeout_s`.
+    """
+    ref = ledger.arrive.remote(token, seq, rank, kind, step)
+    try:
+        seen = ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        seen = ray.get(ledger.arrived.remote(token, seq), timeout=30)
+        missing = sorted(set(range(world_size)) - set(seen))
+        raise RankSyncTimeoutError(
+            f"rank {rank} waited {timeout_s:g} s at ray-ormas report #{seq} ({kind}, after {step} monitor steps) "
+            f"for rank(s) {missing}, which never arrived. They are still training, stuck, or waiting in a "
+            f"collective (a DDP all-reduce) for a rank that already finished its loop: "
+            f"{_describe(seen)}. Give every rank the same number of batches (ray.train.torch."
+            f"prepare_data_loader or a DistributedSampler with drop_last), or raise sync_timeout_s if a rank "
+            f"is legitimately slower") from None
+    kinds = {k for k, _ in seen.values()}
+    if len(kinds) > 1:
+        raise RankMismatchError(
+            f"ranks reached different ray-ormas reports at report #{seq}: {_describe(seen)}. Every rank "
+            f"must run the same number of optimizer steps and call ray_ormas.report the same number of "
+            f"times (ray.train.report is a barrier); give every rank the same number of batches "
+            f"(ray.train.torch.prepare_data_loader or a DistributedSampler with drop_last)")
+    return seen
+
+
+def _describe(seen: dict[int, tuple[str, int]]) -> str:
+    what = {"final": "finished its loop", "user": "called ray_ormas.report", "periodic": "reached a periodic report"}
+    return "; ".join(f"rank {r} {what.get(k, k)} after {s} monitor steps" for r, (k, s) in sorted(seen.items()))
+
+
+class LedgerCallback(UserCallback):
+    """Controller-side callback: forwards every report that carries ray-ormas facts to the ledger."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
+                     checkpoint: Checkpoint | None) -> None:
+        if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
+            self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
+                                            for m in metrics])
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})

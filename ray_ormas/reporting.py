@@ -1,0 +1,115 @@
+"""What a ray-ormas report carries: rank 0's record rows and small facts from every rank.
+
+`RecordBuffer` is an ormas-monitor sink (`sink(kind, payload)`). ormas-monitor calls sinks on
+rank 0 only and only at checks, so it costs nothing on unsampled steps and nothing on other ranks.
+It keeps the latest metrics row and the events written since the last report; `rank0_metrics`
+turns them into flat `ormas/...` keys for `ray.train.report`.
+
+`rank_facts` is what every rank adds: its rank, the loss it last gave the monitor, and a digest
+of its parameters, so a reader can see that DDP replicas (and repairs) stayed identical.
+`parameter_digest` is computed on the parameters' device with one host read: per parameter, two
+int64 checksums of the raw bits (plain and position-weighted), then sha256 over names, shapes
+and checksums. Any bit that differs between two replicas changes it (barring a checksum
+collision, which no real divergence produces); it is not a cryptographic hash of the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+EVENT_LIMIT = 200          # events carried per report; the rest are counted, and stay in the record
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosis")
+
+
+class RecordBuffer:
+    """Sink that keeps rank 0's latest metrics row and the events since the last report."""
+
+    def __init__(self) -> None:
+        self.latest_row: dict[str, Any] | None = None
+        self.pending: list[dict[str, Any]] = []
+        self.dropped = 0
+        self.certificates = 0
+        self.record_errors = 0
+
+    def __call__(self, kind: str, payload: dict) -> None:
+        if kind == "metrics":
+            self.latest_row = payload
+            return
+        event = payload.get("event")
+        if event == "certificate":
+            self.certificates += 1
+        elif event == "sink_error":
+            self.record_errors += 1
+        if event in ("run_start", "run_end"):
+            return
+        if len(self.pending) < EVENT_LIMIT:
+            self.pending.append({k: payload[k] for k in _EVENT_FIELDS if k in payload})
+        else:
+            self.dropped += 1
+
+    def take_events(self) -> tuple[list[dict[str, Any]], int]:
+        events, dropped = self.pending, self.dropped
+        self.pending, self.dropped = [], 0
+        return events, dropped
+
+    def __repr__(self) -> str:
+        return "ray_ormas.RecordBuffer()"
+
+
+def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int], steps: int) -> dict[str, Any]:
+    """Flat `ormas/...` keys from rank 0's record: latest row, counts, and the events since the last report."""
+    row = buffer.latest_row or {}
+    stuck = row.get("stuck") or {}
+    events, dropped = buffer.take_events()
+    out: dict[str, Any] = {
+        f"{prefix}step": row.get("step"),
+        f"{prefix}loss": row.get("loss"),
+        f"{prefix}stuck_channels": sum(sum(v) for v in stuck.values()),
+        f"{prefix}stuck_layers": sum(1 for v in stuck.values() if sum(v)),
+        f"{prefix}certificates": buffer.certificates,
+        f"{prefix}events": events,
+        f"{prefix}events_dropped": dropped,
+    }
+    out.update({f"{prefix}{k}": v for k, v in counts.items()})
+    out[f"{prefix}steps"] = steps
+    return out
+
+
+def rank_facts(prefix: str, rank: int, last_loss: torch.Tensor | float | None, model: nn.Module,
+               steps: int) -> dict[str, Any]:
+    """Facts every rank reports: rank, its own last loss, its steps, and its parameter digest."""
+    loss = None
+    if isinstance(last_loss, torch.Tensor):
+        loss = float(last_loss.detach().float().mean()) if last_loss.numel() else None
+    elif last_loss is not None:
+        loss = float(last_loss)
+    return {f"{prefix}rank_loss": loss, f"{prefix}rank_steps": steps,
+            f"{prefix}param_digest": parameter_digest(model)}
+
+
+@torch.no_grad()
+def parameter_digest(model: nn.Module) -> str:
+    """A 16-hex-digit digest of every parameter's exact bits, computed on device, one host read."""
+    names, sums = [], []
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        t = t.contiguous().reshape(-1)
+        if t.numel() == 0:
+            continue
+        bits = t.view(_INT_OF_SIZE[t.element_size()]).to(torch.int64)
+        weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64)
+        names.append(f"{name}:{tuple(p.shape)}:{p.dtype}")
+        sums.append(torch.stack([bits.sum(), (bits * weights).sum()]))
+    h = hashlib.sha256("|".join(names).encode())
+    by_device: dict[str, list[torch.Tensor]] = {}
+    for s in sums:                               # a model split across devices: one read per device
+        by_device.setdefault(str(s.device), []).append(s)
+    for dev in sorted(by_device):
+        h.update(torch.stack(by_device[dev]).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

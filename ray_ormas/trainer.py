@@ -1,0 +1,221 @@
+"""RayOrmasTrainer: Ray Train's `TorchTrainer` with an ormas-monitor on every rank (driver side).
+
+    trainer = RayOrmasTrainer(train_loop, train_loop_config={"lr": 1e-3}, repair=True, check_every=20,
+                              scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(name="digits"))
+    result = trainer.fit()           # a ray.train.Result, plus result.ormas
+    result.ormas.record_dir          # rank 0's record: diary.jsonl, metrics.jsonl, report.html, ...
+
+Everything that can be checked without a worker is checked in `__init__`, on the driver, before
+Ray starts anything: the strategy, every monitor option (ormas-monitor's own `MonitorConfig`
+validates the thresholds), `repair` with FSDP, the scaling and run configs, the loop's signature.
+
+Hooks relied on (Ray Train V2):
+
+* `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker.py).
+* `RunConfig.callbacks`: a controller-side `UserCallback` (ledger.py) receives every report's
+  per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
+* `RunConfig.name`: always set by Ray's RunConfig, so the record's place is known before launch.
+* `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
+  more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import ray
+from ormas_monitor import MonitorConfig
+from ray.train import Result, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from .config import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, MonitorSettings, RepairMode, check_strategy
+from .ledger import LedgerCallback, RunLedger
+from .storage import default_record_root
+from .worker import WorkerPlan, wrap_train_loop
+
+_OPTIONS = ("train_loop_config", "repair", "check_every", "monitor_config", "layers", "verbose", "report_every",
+            "sync_timeout_s", "record_dir", "strategy", "scaling_config", "run_config", "torch_config", "datasets")
+
+
+@dataclass(frozen=True)
+class OrmasRun:
+    """What ray-ormas adds to Ray's Result.
+
+    Attributes:
+        record_dir: rank 0's record of the main monitor (a `segment-NNN` folder on rank 0's node).
+        records: every monitor's record folder, by monitor name.
+        report: the main monitor's engineer report (`report.html`), None if it was not written.
+        final: rank 0's `ormas/...` facts from the last report (counts, loss, steps, ...).
+        reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
+            (index = world rank), exactly as `ray.train.report` delivered them to the controller.
+        worker_errors: for each failed attempt, {rank: "Type: message"}.
+    """
+
+    record_dir: Path | None
+    records: dict[str, Path]
+    report: Path | None
+    final: dict[str, Any]
+    reports: list[list[dict[str, Any]]] = field(default_factory=list)
+    worker_errors: list[dict[int, str]] = field(default_factory=list)
+
+    def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
+        """Per report, each rank's parameter digest: equal digests mean identical replicas."""
+        return [[rank.get(key) for rank in per_rank] for per_rank in self.reports]
+
+
+@dataclass
+class RayOrmasResult(Result):
+    """Ray's `Result`, unchanged, plus `ormas` (an `OrmasRun`)."""
+
+    ormas: OrmasRun | None = None
+
+
+class RayOrmasTrainer:
+    """Train with Ray Train's TorchTrainer, an ormas-monitor on every rank.
+
+    Args:
+        train_loop_per_worker: the training loop, `fn()` or `fn(config)`. Inside it,
+            `ray_ormas.prepare_model`, `ray_ormas.monitor` and `mon.step(loss)`.
+        train_loop_config: passed to the loop (a dict).
+        repair: False (watch only), True, or "all" (see ormas-monitor); refused with FSDP.
+        check_every: steps between checks (overrides `monitor_config.check_every`).
+        monitor_config: an `ormas_monitor.MonitorConfig` with every threshold.
+        layers: fnmatch pattern(s) on module names; only those layers are monitored.
+        verbose: rank 0 prints the monitor's events.
+        report_every: also report every this many checks (a barrier each time); None: only with
+            the loop's own `ray_ormas.report` calls and once at the end.
+        sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
+            with an error that names the missing ranks.
+        record_dir: where rank 0 writes the record (on its node). Default: `<storage_path>/<name>/ormas`
+            for local run storage, else `~/ray_results/ray_ormas/<name>`.
+        strategy: "ddp" or "fsdp" (`ray.train.torch.prepare_model`'s parallel strategy).
+        scaling_config, run_config, torch_config, datasets: as for `TorchTrainer`.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: dict[str, Any] | None = None,
+                 repair: RepairMode = False,
+                 check_every: int | None = None,
+                 monitor_config: MonitorConfig | None = None,
+                 layers: str | Sequence[str] | None = None,
+                 verbose: bool = True,
+                 report_every: int | None = None,
+                 sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+                 record_dir: str | os.PathLike | None = None,
+                 strategy: str = "ddp",
+                 scaling_config: ScalingConfig | None = None,
+                 run_config: RunConfig | None = None,
+                 torch_config: TorchConfig | None = None,
+                 datasets: dict[str, Any] | None = None,
+                 **unknown: Any) -> None:
+        if unknown:
+            raise TypeError(_unknown_options(unknown))
+        _check_loop(train_loop_per_worker)
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
+        self.strategy = check_strategy(strategy)
+        self.settings = MonitorSettings.build(repair=repair, check_every=check_every, monitor_config=monitor_config,
+                                              layers=layers, verbose=verbose, report_every=report_every,
+                                              sync_timeout_s=sync_timeout_s)
+        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
+        if not isinstance(self.scaling_config, ScalingConfig):
+            raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
+        workers = self.scaling_config.num_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"ScalingConfig.num_workers must be a fixed int >= 1 for RayOrmasTrainer (elastic "
+                             f"ranges are not supported yet), got {workers!r}")
+        if self.strategy == "fsdp":
+            if self.settings.repair:
+                raise ValueError("repair is not possible with strategy='fsdp': FSDP shards and flattens the "
+                                 "parameters, so whole filters can be neither read nor rewritten (ormas-monitor "
+                                 "refuses it once the model is wrapped). Use repair=False: gradient alarms, loss "
+                                 "checks and the record still work; or strategy='ddp' to repair")
+            if not self.scaling_config.use_gpu:
+                raise ValueError("strategy='fsdp' needs GPU workers here: Ray's prepare_model refuses FSDP without "
+                                 "CUDA ('FSDP is only available with GPU-enabled training'). Set "
+                                 "ScalingConfig(use_gpu=True), or use strategy='ddp' on CPU")
+        self.run_config = run_config if run_config is not None else RunConfig()
+        if not isinstance(self.run_config, RunConfig):
+            raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
+        self.record_root = os.fspath(record_dir) if record_dir is not None else default_record_root(self.run_config)
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.torch_config = torch_config
+        self.datasets = datasets
+
+    def fit(self) -> RayOrmasResult:
+        """Run the training; return Ray's Result with `.ormas` added.
+
+        On failure, raises exactly what `TorchTrainer.fit()` raises (for an error in the loop, a
+        `ray.train.TrainingFailedError` whose `worker_failures` hold the loop's own exception,
+        unchanged), after printing where the record of the failed run is.
+        """
+        if not ray.is_initialized():
+            ray.init()
+        ledger = RunLedger.options(num_cpus=0).remote(self.scaling_config.num_workers)
+        plan = WorkerPlan(settings=self.settings, strategy=self.strategy, record_root=self.record_root,
+                          run_name=self.run_config.name, ledger=ledger)
+        run_config = dataclasses.replace(self.run_config,
+                                         callbacks=[*(self.run_config.callbacks or []), LedgerCallback(ledger)])
+        trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
+                               train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
+                               scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
+        try:
+            result = trainer.fit()
+        except BaseException:
+            _tell_where_the_record_is(ledger)
+            raise
+        else:
+            snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
+        finally:
+            ray.kill(ledger, no_restart=True)
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
+        return RayOrmasResult(**fields, ormas=_ormas_run(snapshot))
+
+
+def _ormas_run(snapshot: dict[str, Any]) -> OrmasRun:
+    reports = snapshot["reports"]
+    final = reports[-1][0] if reports else {}
+    records = {name: Path(p) for name, p in snapshot["records"].items()}
+    report = final.get("ormas/report")
+    return OrmasRun(record_dir=records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None)),
+                    records=records, report=Path(report) if report else None, final=final, reports=reports,
+                    worker_errors=snapshot["exceptions"])
+
+
+def _tell_where_the_record_is(ledger: Any) -> None:
+    try:
+        records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
+    except Exception:
+        return
+    for name, path in records.items():
+        print(f"[ray-ormas] training failed; the record of monitor {name!r} (with the error in its run_end) "
+              f"is at {path} on rank 0's node", file=sys.stderr, flush=True)
+
+
+def _check_loop(fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"train_loop_per_worker must be a function fn() or fn(config), got {type(fn).__name__}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) > 1 and len(required) > 1:
+        raise TypeError(f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
+                        f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}")
+
+
+def _unknown_options(unknown: dict[str, Any]) -> str:
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, _OPTIONS, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(_OPTIONS)}; the "
+            f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)")

@@ -1,0 +1,290 @@
+"""What runs inside each Ray Train worker: the three calls a training loop makes, and the session behind them.
+
+    def train_loop(config):
+        model = ray_ormas.prepare_model(Net())        # DDP or FSDP, per the trainer's strategy
+        opt = torch.optim.AdamW(model.parameters())
+        mon = ray_ormas.monitor(model, opt)           # the same Monitor on every rank
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            mon.step(loss)                            # after backward, before optimizer.step()
+            opt.step()
+        # no close(): ray-ormas closes the monitor when the loop returns or raises
+
+Hooks relied on:
+
+* `ray.train.torch.prepare_model(parallel_strategy=...)`: wraps the model; the strategy comes
+  from the trainer, so the loop does not repeat it.
+* `ray.train.get_context()`: world rank and size. ormas-monitor itself detects torch.distributed
+  and the DDP wrapper, writes files only on rank 0, and seeds repairs identically on every rank.
+* `ray.train.collective.broadcast_from_rank_zero`: once per worker-group attempt, rank 0's token
+  for the ledger's meetings (see ledger.py).
+* `ray.train.report`: called by ray-ormas only through `ray_ormas.report` (the user's own reports,
+  with ray-ormas facts merged in), every `report_every` checks if set, and once when the loop
+  returns. Never with a checkpoint of its own, so `Result.metrics` and checkpoint retention stay
+  the user's. Every call is preceded by a meeting at the ledger, so uneven ranks raise instead
+  of hanging.
+
+When the loop raises, every monitor on the rank is closed while the exception propagates (the
+record's `run_end` carries the error) and the exception is re-raised unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.nn as nn
+from ormas_monitor import Monitor
+
+from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
+from .ledger import RANK_KEY, meet
+from .reporting import RecordBuffer, rank0_metrics, rank_facts
+from .storage import claim_segment
+
+_SESSION: WorkerSession | None = None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything the driver sends to every worker (pickled into the train function)."""
+    settings: MonitorSettings
+    strategy: str
+    record_root: str
+    run_name: str
+    ledger: Any
+
+
+def _session(what: str) -> WorkerSession:
+    if _SESSION is None:
+        raise RuntimeError(f"ray_ormas.{what}() works only inside a training loop run by RayOrmasTrainer(...).fit(); "
+                           f"for a plain ray.train.torch.TorchTrainer use ray.train.torch.prepare_model and "
+                           f"ormas_monitor.Monitor directly")
+    return _SESSION
+
+
+def prepare_model(model: nn.Module, *, move_to_device: bool | torch.device = True,
+                  parallel_strategy_kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """`ray.train.torch.prepare_model` with the trainer's strategy ("ddp" or "fsdp")."""
+    session = _session("prepare_model")
+    return ray.train.torch.prepare_model(model, move_to_device=move_to_device,
+                                         parallel_strategy=session.plan.strategy,
+                                         parallel_strategy_kwargs=parallel_strategy_kwargs)
+
+
+def monitor(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, name: str = DEFAULT_MONITOR_NAME,
+            scaler: Any = None, sinks: Sequence[Callable[[str, dict], None]] = ()) -> WorkerMonitor:
+    """Build the trainer's `ormas_monitor.Monitor` on this rank; call it the same way on every rank.
+
+    Args:
+        model: the prepared (wrapped) model.
+        optimizer: the torch optimizer that steps it; required when the trainer repairs.
+        name: the monitor's name, and its folder in the record; one per independently
+            stepped model (e.g. "generator", "discriminator").
+        scaler: the `torch.amp.GradScaler`, if mixed precision uses one.
+        sinks: extra ormas-monitor sinks (rank 0 calls them).
+    """
+    return _session("monitor").add_monitor(model, optimizer, check_monitor_name(name), scaler, sinks)
+
+
+def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = None, **kwargs: Any) -> None:
+    """`ray.train.report` with ray-ormas facts merged in under `ormas/`. Call it on every rank,
+    as often on each, exactly as you would call `ray.train.report`."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+    taken = sorted(k for k in metrics if isinstance(k, str) and k.startswith("ormas/"))
+    if taken:
+        raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
+    _session("report").report("user", metrics, checkpoint, **kwargs)
+
+
+class WorkerMonitor:
+    """One rank's monitor. `step(loss)` after backward, before optimizer.step(); `.monitor` is the
+    ormas-monitor `Monitor` itself. Closed by ray-ormas when the loop ends."""
+
+    def __init__(self, session: WorkerSession, name: str, model: nn.Module,
+                 optimizer: torch.optim.Optimizer | None, scaler: Any,
+                 sinks: Sequence[Callable[[str, dict], None]]) -> None:
+        plan = session.plan
+        self.name = name
+        self.buffer = RecordBuffer()
+        self.model = model
+        self._session = session
+        self._primary = not session.monitors
+        self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
+        self._last_loss: torch.Tensor | float | None = None
+        self._closed = False
+        self._report_path: Path | None = None
+        monitor_dir = Path(plan.record_root) / name
+        self.record_dir: Path | None = claim_segment(monitor_dir) if session.rank == 0 else None
+        try:
+            self.monitor = Monitor(model, optimizer, out=self.record_dir or monitor_dir,
+                                   name=f"{plan.run_name}/{name}", sinks=[self.buffer, *sinks], scaler=scaler,
+                                   **plan.settings.monitor_kwargs())
+        except BaseException:
+            if self.record_dir is not None and not any(self.record_dir.iterdir()):
+                self.record_dir.rmdir()
+            raise
+        if self.record_dir is not None:
+            plan.ledger.set_record.remote(name, str(self.record_dir))
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps seen so far."""
+        return self.monitor.step_count
+
+    def step(self, loss: torch.Tensor | float | None = None) -> None:
+        """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`."""
+        checks = self.monitor.checks
+        self.monitor.step(loss)
+        if loss is not None:
+            self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        every = self._session.plan.settings.report_every
+        if every and self._primary and self.monitor.checks != checks and self.monitor.checks % every == 0:
+            self._session.report("periodic", {}, None)
+
+    def note_loss(self, loss: torch.Tensor | float | None) -> None:
+        """The loss of this step, for loops that call `step()` without one."""
+        self.monitor.note_loss(loss)
+        self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+
+    def close(self) -> Path | None:
+        """Close the monitor: rank 0 writes `run_end` and the reports and gets the report's path;
+        other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
+        if not self._closed:
+            self._closed = True
+            self._report_path = self.monitor.close()
+        return self._report_path
+
+    def metrics(self) -> dict[str, Any]:
+        """This rank's `ormas/...` facts for a report (rank 0 adds its record rows)."""
+        p = self._prefix
+        out = rank_facts(p, self._session.rank, self._last_loss, self.model, self.steps)
+        if self._session.rank == 0:
+            out.update(rank0_metrics(p, self.buffer, self.monitor.counts, self.steps))
+            out[f"{p}record_dir"] = str(self.record_dir)
+            out[f"{p}report"] = str(self._report_path) if self._report_path else None
+            out[f"{p}record_errors"] = self.buffer.record_errors
+        return out
+
+
+class WorkerSession:
+    """Per-worker state for one attempt of one `fit()`: the plan, the monitors, the report count."""
+
+    def __init__(self, plan: WorkerPlan) -> None:
+        ctx = ray.train.get_context()
+        self.plan = plan
+        self.rank = ctx.get_world_rank()
+        self.world_size = ctx.get_world_size()
+        self.monitors: dict[str, WorkerMonitor] = {}
+        self.reports = 0
+        from ray.train.collective import broadcast_from_rank_zero
+        self.token: str = broadcast_from_rank_zero(uuid.uuid4().hex if self.rank == 0 else None)
+
+    def add_monitor(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, name: str, scaler: Any,
+                    sinks: Sequence[Callable[[str, dict], None]]) -> WorkerMonitor:
+        if name in self.monitors:
+            raise ValueError(f"this rank already has a monitor named {name!r}; give each independently "
+                             f"stepped model its own name, e.g. ray_ormas.monitor(disc, opt_d, name='discriminator')")
+        if self.plan.settings.repair and optimizer is None:
+            raise ValueError(f"the trainer has repair={self.plan.settings.repair!r}, which needs the optimizer to "
+                             f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
+                             f"use repair=False to watch only")
+        mon = WorkerMonitor(self, name, model, optimizer, scaler, sinks)
+        self.monitors[name] = mon
+        return mon
+
+    def _steps(self) -> int:
+        return next(iter(self.monitors.values())).steps if self.monitors else 0
+
+    def _metrics(self, kind: str) -> dict[str, Any]:
+        out: dict[str, Any] = {RANK_KEY: self.rank, "ormas/world_size": self.world_size,
+                               "ormas/report": self.reports, "ormas/kind": kind}
+        for mon in self.monitors.values():
+            try:
+                out.update(mon.metrics())
+            except Exception as e:              # telemetry never breaks training
+                out[f"{mon._prefix}report_error"] = f"{type(e).__name__}: {e}"
+        return out
+
+    def _meet(self, kind: str) -> dict[int, tuple[str, int]]:
+        return meet(self.plan.ledger, self.token, self.reports, self.rank, self.world_size, kind, self._steps(),
+                    self.plan.settings.sync_timeout_s)
+
+    def report(self, kind: str, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
+               **kwargs: Any) -> None:
+        self._meet(kind)
+        payload = {**metrics, **self._metrics(kind)}
+        self.reports += 1
+        ray.train.report(payload, checkpoint=checkpoint, **kwargs)
+
+    def finish(self) -> None:
+        """The loop returned on this rank: meet the others, close the monitors, report once more."""
+        try:
+            seen = self._meet("final")
+        except BaseException:
+            self.abort()
+            raise
+        steps = {rank: step for rank, (_, step) in seen.items()}
+        for mon in self.monitors.values():
+            try:
+                mon.close()
+            except Exception as e:               # the record stays as written; training succeeded
+                print(f"[ray-ormas] rank {self.rank}: could not finish the record of monitor {mon.name!r} "
+                      f"({type(e).__name__}: {e}); `ormas-monitor report {mon.record_dir}` rebuilds the reports",
+                      file=sys.stderr, flush=True)
+        final = self._metrics("final")
+        final["ormas/steps_per_rank"] = [steps[r] for r in sorted(steps)]
+        if self.rank == 0 and len(set(steps.values())) > 1:
+            print(f"[ray-ormas] warning: ranks ran different numbers of monitor steps {final['ormas/steps_per_rank']}; "
+                  f"the record follows rank 0, and the replicas may have diverged", file=sys.stderr, flush=True)
+        self.reports += 1
+        ray.train.report(final, checkpoint=None)
+
+    def abort(self) -> None:
+        """The loop raised on this rank: close every monitor while the exception propagates."""
+        for mon in self.monitors.values():
+            try:
+                mon.close()     # ormas-monitor records the pending exception in run_end and never raises over it
+            except Exception:
+                pass
+
+
+def _activate(session: WorkerSession | None) -> None:
+    # A module-level function: cloudpickle ships `train_fn` by value with a copy of its globals,
+    # so the session must be set through a function that lives in (and writes) the real module.
+    global _SESSION
+    _SESSION = session
+
+
+def _accepts_config(fn: Callable[..., Any]) -> bool:
+    return bool(inspect.signature(fn).parameters)
+
+
+def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[dict], Any]:
+    """The function TorchTrainer runs on each worker: the user's loop inside a ray-ormas session."""
+    takes_config = _accepts_config(user_fn)
+
+    def train_fn(config: dict) -> Any:
+        session = WorkerSession(plan)
+        _activate(session)
+        try:
+            try:
+                value = user_fn(config) if takes_config else user_fn()
+            except BaseException:
+                session.abort()
+                raise
+            session.finish()
+            return value
+        finally:
+            _activate(None)
+    # Not functools.wraps: Ray reads the signature (and __wrapped__) to decide whether to pass config.
+    train_fn.__name__ = train_fn.__qualname__ = getattr(user_fn, "__name__", "train_loop")
+    return train_fn
