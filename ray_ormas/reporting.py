@@ -60,13 +60,13 @@ class RecordBuffer:
         return "ray_ormas.RecordBuffer()"
 
 
-def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int], steps: int) -> dict[str, Any]:
+def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> dict[str, Any]:
     """Flat `ormas/...` keys from rank 0's record: latest row, counts, and the events since the last report."""
     row = buffer.latest_row or {}
     stuck = row.get("stuck") or {}
     events, dropped = buffer.take_events()
     out: dict[str, Any] = {
-        f"{prefix}step": row.get("step"),
+        f"{prefix}check_step": row.get("step"),
         f"{prefix}loss": row.get("loss"),
         f"{prefix}stuck_channels": sum(sum(v) for v in stuck.values()),
         f"{prefix}stuck_layers": sum(1 for v in stuck.values() if sum(v)),
@@ -75,7 +75,6 @@ def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int], ste
         f"{prefix}events_dropped": dropped,
     }
     out.update({f"{prefix}{k}": v for k, v in counts.items()})
-    out[f"{prefix}steps"] = steps
     return out
 
 

@@ -183,7 +183,7 @@ def _ormas_run(snapshot: dict[str, Any]) -> OrmasRun:
     reports = snapshot["reports"]
     final = reports[-1][0] if reports else {}
     records = {name: Path(p) for name, p in snapshot["records"].items()}
-    report = final.get("ormas/report")
+    report = final.get("ormas/report_path")
     return OrmasRun(record_dir=records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None)),
                     records=records, report=Path(report) if report else None, final=final, reports=reports,
                     worker_errors=snapshot["exceptions"])

@@ -168,9 +168,10 @@ class WorkerMonitor:
         p = self._prefix
         out = rank_facts(p, self._session.rank, self._last_loss, self.model, self.steps)
         if self._session.rank == 0:
-            out.update(rank0_metrics(p, self.buffer, self.monitor.counts, self.steps))
+            out.update(rank0_metrics(p, self.buffer, self.monitor.counts))
+            out[f"{p}checks"] = self.monitor.checks
             out[f"{p}record_dir"] = str(self.record_dir)
-            out[f"{p}report"] = str(self._report_path) if self._report_path else None
+            out[f"{p}report_path"] = str(self._report_path) if self._report_path else None
             out[f"{p}record_errors"] = self.buffer.record_errors
         return out
 
@@ -206,7 +207,7 @@ class WorkerSession:
 
     def _metrics(self, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {RANK_KEY: self.rank, "ormas/world_size": self.world_size,
-                               "ormas/report": self.reports, "ormas/kind": kind}
+                               "ormas/report_index": self.reports, "ormas/kind": kind}
         for mon in self.monitors.values():
             try:
                 out.update(mon.metrics())

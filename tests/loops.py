@@ -1,0 +1,75 @@
+"""Training loops the integration tests run on real Ray workers, steered by their config dict.
+
+Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare_model`,
+`ray_ormas.monitor`, `mon.step(loss)` between backward and the optimizer step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ray.train
+import torch
+import torch.nn.functional as F
+
+import ray_ormas
+from ray_ormas.demo import DigitsCNN, lesion, load_digits
+
+
+def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """DDP training of the digits CNN for `steps` optimizer steps (per rank: `steps_by_rank`).
+
+    Options: lesion (zero conv2, conv3), report_at (steps after which to call ray_ormas.report),
+    checkpoint (those reports carry a checkpoint), raise_at (step at which rank `raise_rank`
+    raises ValueError), no_optimizer (monitor without the optimizer), close_in_loop (close the
+    monitor inside the loop and check what close() returns on each rank).
+    """
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    x, y, _, _ = load_digits(0)
+    x, y = x[rank::world], y[rank::world]
+    net = DigitsCNN()
+    if config.get("lesion"):
+        lesion(net)
+    model = ray_ormas.prepare_model(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+    mon = ray_ormas.monitor(model, None if config.get("no_optimizer") else opt)
+    steps = config.get("steps_by_rank", {}).get(str(rank), config.get("steps", 20))
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
+            raise ValueError(f"boom at step {step} on rank {rank}")
+        idx = torch.randint(0, len(x), (32,), generator=gen)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        mon.step(loss)
+        opt.step()
+        if step + 1 in config.get("report_at", []):
+            checkpoint = None
+            if config.get("checkpoint"):
+                import tempfile
+                d = tempfile.mkdtemp()
+                if rank == 0:
+                    torch.save(model.state_dict(), f"{d}/model.pt")
+                checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
+            ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
+    out: dict[str, Any] = {"model_type": type(model).__name__,
+                           "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
+                           "conv3_abs": float(net.conv3[0].weight.detach().abs().sum())}
+    if config.get("close_in_loop"):
+        closed = mon.close()
+        if rank != 0 and closed is not None:
+            raise AssertionError(f"close() returned {closed!r} on rank {rank}; expected None")
+        out["closed"] = str(closed)
+    return out
+
+
+def report_count_loop(config: dict[str, Any]) -> None:
+    """No training: rank r calls ray_ormas.report `reports_by_rank[r]` times, then returns."""
+    rank = ray.train.get_context().get_world_rank()
+    model = ray_ormas.prepare_model(torch.nn.Linear(4, 2))
+    ray_ormas.monitor(model, None)
+    for i in range(config["reports_by_rank"][str(rank)]):
+        ray_ormas.report({"i": i})

@@ -1,0 +1,87 @@
+"""Everything that can be checked on the driver fails in RayOrmasTrainer(...), before Ray starts."""
+from __future__ import annotations
+
+import pytest
+import torch
+from ormas_monitor import MonitorConfig
+from ray.train import RunConfig, ScalingConfig
+
+import ray_ormas
+from ray_ormas import MonitorSettings, RayOrmasTrainer
+
+
+def loop(config):
+    pass
+
+
+def test_valid_trainer_builds_settings_without_starting_ray():
+    import ray
+    was_running = ray.is_initialized()
+    t = RayOrmasTrainer(loop, repair=True, check_every=7, layers="conv*", report_every=3,
+                        monitor_config=MonitorConfig(patience=2), scaling_config=ScalingConfig(num_workers=2),
+                        run_config=RunConfig(name="x", storage_path="/tmp/somewhere"))
+    assert t.settings.config.check_every == 7 and t.settings.config.patience == 2
+    assert t.settings.layers == ("conv*",)
+    assert t.record_root == "/tmp/somewhere/x/ormas"
+    assert ray.is_initialized() == was_running
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"chek_every": 5}, TypeError, "did you mean 'check_every'"),
+    ({"strategy": "deepspeed"}, ValueError, "strategy must be one of 'ddp', 'fsdp'"),
+    ({"strategy": "fsdp", "repair": True, "scaling_config": ScalingConfig(num_workers=2, use_gpu=True)},
+     ValueError, "repair is not possible with strategy='fsdp'"),
+    ({"strategy": "fsdp"}, ValueError, "needs GPU workers"),
+    ({"repair": "yes"}, ValueError, "repair must be False"),
+    ({"repair": None}, ValueError, "repair must be False"),
+    ({"check_every": 0}, ValueError, "check_every must be an int >= 1"),
+    ({"check_every": 2.5}, ValueError, "check_every must be an int >= 1"),
+    ({"monitor_config": {"check_every": 5}}, TypeError, "MonitorConfig"),
+    ({"monitor_config": MonitorConfig(), "check_every": -1}, ValueError, "check_every"),
+    ({"layers": []}, ValueError, "layers must be an fnmatch pattern"),
+    ({"layers": ["conv*", 3]}, ValueError, "layers must be an fnmatch pattern"),
+    ({"report_every": 0}, ValueError, "report_every must be None or an int >= 1"),
+    ({"sync_timeout_s": 0}, ValueError, "sync_timeout_s must be"),
+    ({"sync_timeout_s": float("inf")}, ValueError, "sync_timeout_s must be"),
+    ({"verbose": "loud"}, TypeError, "verbose must be True or False"),
+    ({"scaling_config": {"num_workers": 2}}, TypeError, "ray.train.ScalingConfig"),
+    ({"scaling_config": ScalingConfig(num_workers=(1, 4))}, ValueError, "elastic"),
+    ({"run_config": {"name": "x"}}, TypeError, "ray.train.RunConfig"),
+    ({"train_loop_config": [1, 2]}, TypeError, "train_loop_config must be a dict"),
+])
+def test_bad_option_fails_on_the_driver(kwargs, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        RayOrmasTrainer(loop, **kwargs)
+
+
+def test_loop_with_two_arguments_is_refused():
+    def two(a, b):
+        pass
+    with pytest.raises(TypeError, match="no argument or one"):
+        RayOrmasTrainer(two)
+    with pytest.raises(TypeError, match="must be a function"):
+        RayOrmasTrainer("train.py")
+
+
+def test_settings_are_frozen_and_reused_by_ormas_monitor():
+    s = MonitorSettings.build(repair="all", check_every=3)
+    with pytest.raises(AttributeError):
+        s.repair = False                      # type: ignore[misc]
+    kw = s.monitor_kwargs()
+    assert kw["repair"] == "all" and kw["config"].check_every == 3
+    assert s.to_dict()["config"]["check_every"] == 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ray_ormas.prepare_model(torch.nn.Linear(2, 2)),
+    lambda: ray_ormas.monitor(torch.nn.Linear(2, 2)),
+    lambda: ray_ormas.report({"a": 1}),
+])
+def test_worker_api_outside_a_trainer_says_what_to_do(call):
+    with pytest.raises(RuntimeError, match="only inside a training loop run by RayOrmasTrainer"):
+        call()
+
+
+def test_reserved_metric_names_are_refused_before_the_session_is_needed():
+    with pytest.raises(ValueError, match="reserved for ray-ormas"):
+        ray_ormas.report({"ormas/loss": 1.0})

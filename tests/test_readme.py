@@ -1,0 +1,17 @@
+"""The README gives exactly two commands, and CI runs the test one, word for word."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_has_two_commands_and_ci_runs_the_test_one():
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    commands = [line for b in blocks for line in b.strip().splitlines()]
+    assert len(commands) == 2
+    demo, tests = commands
+    assert demo.endswith("ray-ormas demo") and tests.endswith("python -m pytest")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [tests]
