@@ -73,7 +73,7 @@ class MonitorSettings:
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        if self.repair not in (False, True, "all") or self.repair is None:
+        if self.repair is not False and self.repair is not True and self.repair != "all":
             raise ValueError(f"repair must be False (watch only), True (repair certified, constant and decayed "
                              f"channels) or 'all', got {self.repair!r}")
         if not isinstance(self.config, MonitorConfig):

@@ -5,6 +5,7 @@ Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray.train
@@ -20,7 +21,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     Options: lesion (zero conv2, conv3), report_at (steps after which to call ray_ormas.report),
     checkpoint (those reports carry a checkpoint), raise_at (step at which rank `raise_rank`
-    raises ValueError), no_optimizer (monitor without the optimizer), close_in_loop (close the
+    raises ValueError), fail_once_marker (rank 0 raises at step 5 unless this file exists, and
+    creates it: a failure in the first attempt only), no_optimizer (monitor without the optimizer), close_in_loop (close the
     monitor inside the loop and check what close() returns on each rank).
     """
     torch.set_num_threads(1)
@@ -40,6 +42,10 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     for step in range(steps):
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
+        marker = config.get("fail_once_marker")
+        if marker and step == 5 and rank == 0 and not os.path.exists(marker):
+            open(marker, "w").close()                   # only the first attempt fails
+            raise RuntimeError("injected failure")
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()

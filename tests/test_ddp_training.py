@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from ormas_monitor.record import verify_run
-from ray.train import CheckpointConfig, Result, RunConfig, ScalingConfig, TrainingFailedError
+from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, TrainingFailedError
 
 from ray_ormas import RankMismatchError, RankSyncTimeoutError, RayOrmasTrainer
 
@@ -128,6 +128,23 @@ def test_rerun_under_the_same_name_starts_a_new_segment(storage):
     assert second.ormas.record_dir == first.parent / "segment-001"
     assert (first / "diary.jsonl").read_bytes() == before
     assert verify_run(second.ormas.record_dir).ok
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_worker_group_records_a_new_segment_beside_the_failed_one(storage, tmp_path):
+    t = trainer(storage, "restart", check_every=2, report_every=2,
+                train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "failed-once")},
+                run_config=RunConfig(name="restart", storage_path=str(storage),
+                                     failure_config=FailureConfig(max_failures=1)))
+    result = t.fit()
+    root = storage / "restart" / "ormas" / "model"
+    failed, retried = root / "segment-000", root / "segment-001"
+    assert result.ormas.record_dir == retried
+    assert diary(failed)[-1]["error"] == "RuntimeError: injected failure" and diary(failed)[-1]["steps"] == 5
+    assert "error" not in diary(retried)[-1] and diary(retried)[-1]["steps"] == 12
+    assert verify_run(failed).ok and verify_run(retried).ok
+    assert result.ormas.worker_errors == [{0: "RuntimeError: injected failure"}]
+    assert result.ormas.final["ormas/kind"] == "final" and result.ormas.final["ormas/steps_per_rank"] == [12, 12]
 
 
 @pytest.mark.timeout(180)
