@@ -192,7 +192,7 @@ def _ormas_run(snapshot: dict[str, Any]) -> OrmasRun:
 def _tell_where_the_record_is(ledger: Any) -> None:
     try:
         records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
-    except Exception:
+    except Exception:       # only a hint on the way out; the training error must propagate as it is
         return
     for name, path in records.items():
         print(f"[ray-ormas] training failed; the record of monitor {name!r} (with the error in its run_end) "

@@ -254,8 +254,10 @@ class WorkerSession:
         for mon in self.monitors.values():
             try:
                 mon.close()     # ormas-monitor records the pending exception in run_end and never raises over it
-            except Exception:
-                pass
+            except Exception as e:
+                print(f"[ray-ormas] rank {self.rank}: could not close monitor {mon.name!r} after the loop failed "
+                      f"({type(e).__name__}: {e}); the loop's own error propagates unchanged",
+                      file=sys.stderr, flush=True)
 
 
 def _activate(session: WorkerSession | None) -> None:
