@@ -39,10 +39,6 @@ from .ledger import LedgerCallback, RunLedger
 from .storage import default_record_root
 from .worker import WorkerPlan, wrap_train_loop
 
-_OPTIONS = ("train_loop_config", "repair", "check_every", "monitor_config", "layers", "verbose", "report_every",
-            "sync_timeout_s", "record_dir", "strategy", "scaling_config", "run_config", "torch_config", "datasets")
-
-
 @dataclass(frozen=True)
 class OrmasRun:
     """What ray-ormas adds to Ray's Result.
@@ -213,9 +209,11 @@ def _check_loop(fn: Any) -> None:
 
 
 def _unknown_options(unknown: dict[str, Any]) -> str:
+    options = [p.name for p in inspect.signature(RayOrmasTrainer.__init__).parameters.values()
+               if p.kind is p.KEYWORD_ONLY]
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(name, _OPTIONS, n=1)
+        close = difflib.get_close_matches(name, options, n=1)
         parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return (f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(_OPTIONS)}; the "
+    return (f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(options)}; the "
             f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)")
