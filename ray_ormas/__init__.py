@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .config import MonitorSettings
 from .ledger import RankMismatchError, RankSyncTimeoutError
+from .tracking import MLflowSettings
 from .trainer import OrmasRun, RayOrmasResult, RayOrmasTrainer
 from .worker import WorkerMonitor, monitor, prepare_model, report
 
@@ -18,6 +19,7 @@ except PackageNotFoundError:      # running from a source tree that was not inst
     __version__ = "0+unknown"
 
 __all__ = [
+    "MLflowSettings",
     "MonitorSettings",
     "OrmasRun",
     "RankMismatchError",

@@ -10,6 +10,11 @@ It does two things:
   `sync_timeout_s`, the waiting ranks raise `RankSyncTimeoutError` naming the missing ranks. A
   clear error instead of a hang. Meetings are keyed by a token that rank 0 draws at the start of
   each worker-group attempt, so a restarted group never meets the previous one's ranks.
+* **A grace period for rank 0's record.** When a rank's loop raises, Ray tears the whole worker
+  group down as soon as it sees the error. A failing rank other than 0 therefore first gives
+  rank 0 a moment (`wait_for_rank0`): if rank 0 is closing its record too, its `run_end` and
+  upload are not cut off. If rank 0 is busy elsewhere (training, or waiting in a collective),
+  the failing rank waits only a couple of seconds.
 * **The fleet view.** `LedgerCallback` is a Ray Train `UserCallback`; it runs on the controller,
   and its `after_report` hook receives one metrics dict per rank (index = world rank) for every
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
@@ -54,6 +59,8 @@ class RunLedger:
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
         self._records: dict[str, str] = {}
+        self._rank0_closing: dict[str, asyncio.Event] = {}
+        self._rank0_closed: dict[str, asyncio.Event] = {}
 
     async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int) -> dict[int, tuple[str, int]]:
         """Wait until every rank has arrived at meeting (token, seq); return what each said."""
@@ -68,6 +75,25 @@ class RunLedger:
         """Who has arrived at meeting (token, seq) so far, and with what."""
         m = self._meetings.get((token, seq))
         return dict(m.arrivals) if m is not None else {}
+
+    def rank0_closing(self, token: str) -> None:
+        """Rank 0 of attempt `token` started closing its monitors after a failure."""
+        self._rank0_closing.setdefault(token, asyncio.Event()).set()
+
+    def rank0_closed(self, token: str) -> None:
+        self._rank0_closed.setdefault(token, asyncio.Event()).set()
+
+    async def wait_for_rank0(self, token: str, start_s: float, finish_s: float) -> bool:
+        """For a failing rank: give rank 0 `start_s` to start closing its record and `finish_s`
+        to finish, before Ray's teardown would kill it mid-write. True if rank 0 finished."""
+        closing = self._rank0_closing.setdefault(token, asyncio.Event())
+        closed = self._rank0_closed.setdefault(token, asyncio.Event())
+        try:
+            await asyncio.wait_for(closing.wait(), start_s)
+            await asyncio.wait_for(closed.wait(), finish_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def add_report(self, per_rank: list[dict[str, Any]]) -> None:
         self._reports.append(per_rank)

@@ -36,7 +36,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from .config import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, MonitorSettings, RepairMode, check_strategy
 from .ledger import LedgerCallback, RunLedger
-from .storage import default_record_root
+from .storage import default_record_root, is_local_storage
+from .tracking import MLflowSettings, RunTracker
 from .worker import WorkerPlan, wrap_train_loop
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class OrmasRun:
         reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
             (index = world rank), exactly as `ray.train.report` delivered them to the controller.
         worker_errors: for each failed attempt, {rank: "Type: message"}.
+        mlflow_run_id: the fit's MLflow run (None when tracking is off or was unreachable).
+        tracking_uri: where that run is.
     """
 
     record_dir: Path | None
@@ -59,6 +62,8 @@ class OrmasRun:
     final: dict[str, Any]
     reports: list[list[dict[str, Any]]] = field(default_factory=list)
     worker_errors: list[dict[int, str]] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
 
     def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
@@ -91,6 +96,8 @@ class RayOrmasTrainer:
         record_dir: where rank 0 writes the record (on its node). Default: `<storage_path>/<name>/ormas`
             for local run storage, else `~/ray_results/ray_ormas/<name>`.
         strategy: "ddp" or "fsdp" (`ray.train.torch.prepare_model`'s parallel strategy).
+        mlflow: True (default: track in MLflow with `MLflowSettings()`: `MLFLOW_TRACKING_URI`, else
+            an embedded store in the run directory), an `MLflowSettings`, or False (no tracking).
         scaling_config, run_config, torch_config, datasets: as for `TorchTrainer`.
     """
 
@@ -105,6 +112,7 @@ class RayOrmasTrainer:
                  sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
                  record_dir: str | os.PathLike | None = None,
                  strategy: str = "ddp",
+                 mlflow: MLflowSettings | bool = True,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
                  torch_config: TorchConfig | None = None,
@@ -140,6 +148,11 @@ class RayOrmasTrainer:
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
         self.record_root = os.fspath(record_dir) if record_dir is not None else default_record_root(self.run_config)
+        if mlflow is True:
+            mlflow = MLflowSettings()
+        if mlflow is not False and not isinstance(mlflow, MLflowSettings):
+            raise TypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
+        self.mlflow: MLflowSettings | None = mlflow or None
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
@@ -154,9 +167,11 @@ class RayOrmasTrainer:
         """
         if not ray.is_initialized():
             ray.init()
+        tracker = self._start_tracking()
         ledger = RunLedger.options(num_cpus=0).remote(self.scaling_config.num_workers)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, record_root=self.record_root,
-                          run_name=self.run_config.name, ledger=ledger)
+                          run_name=self.run_config.name, ledger=ledger,
+                          tracking=tracker.target if tracker is not None else None)
         run_config = dataclasses.replace(self.run_config,
                                          callbacks=[*(self.run_config.callbacks or []), LedgerCallback(ledger)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
@@ -164,15 +179,38 @@ class RayOrmasTrainer:
                                scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
         try:
             result = trainer.fit()
-        except BaseException:
+        except BaseException as e:
             _tell_where_the_record_is(ledger)
+            if tracker is not None:
+                # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
+                interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+                tracker.end("KILLED" if interrupted else "FAILED", error=e)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
+            if tracker is not None:
+                tracker.end("FINISHED", checkpoint_path=result.checkpoint.path if result.checkpoint else None)
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
-        return RayOrmasResult(**fields, ormas=_ormas_run(snapshot))
+        run = _ormas_run(snapshot)
+        if tracker is not None:
+            run = dataclasses.replace(run, mlflow_run_id=tracker.run_id, tracking_uri=tracker.target.tracking_uri)
+        return RayOrmasResult(**fields, ormas=run)
+
+    def _start_tracking(self) -> RunTracker | None:
+        if self.mlflow is None:
+            return None
+        rc = self.run_config
+        run_dir = os.path.join(os.path.expanduser(str(rc.storage_path).removeprefix("file://")), rc.name) \
+            if is_local_storage(rc) else None
+        sc = self.scaling_config
+        params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
+                  "strategy": self.strategy,
+                  "scaling": {"num_workers": sc.num_workers, "use_gpu": sc.use_gpu,
+                              "resources_per_worker": sc.resources_per_worker or {}},
+                  "ray_run_name": rc.name}
+        return RunTracker.start(self.mlflow, run_dir, rc.name, params)
 
 
 def _ormas_run(snapshot: dict[str, Any]) -> OrmasRun:

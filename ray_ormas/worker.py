@@ -31,6 +31,7 @@ record's `run_end` carries the error) and the exception is re-raised unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import uuid
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -48,8 +50,11 @@ from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .ledger import RANK_KEY, meet
 from .reporting import RecordBuffer, rank0_metrics, rank_facts
 from .storage import claim_segment
+from .tracking import TrackingSink, TrackingTarget
 
 _SESSION: WorkerSession | None = None
+RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record
+RANK0_FINISH_GRACE_S = 60.0    # ... and this long for it to finish (run_end, reports, upload)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class WorkerPlan:
     record_root: str
     run_name: str
     ledger: Any
+    tracking: TrackingTarget | None = None
 
 
 def _session(what: str) -> WorkerSession:
@@ -124,9 +130,11 @@ class WorkerMonitor:
         self._report_path: Path | None = None
         monitor_dir = Path(plan.record_root) / name
         self.record_dir: Path | None = claim_segment(monitor_dir) if session.rank == 0 else None
+        self.tracker = _tracking_sink(plan.tracking, self._prefix.rstrip("/")) if session.rank == 0 else None
+        own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         try:
             self.monitor = Monitor(model, optimizer, out=self.record_dir or monitor_dir,
-                                   name=f"{plan.run_name}/{name}", sinks=[self.buffer, *sinks], scaler=scaler,
+                                   name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler,
                                    **plan.settings.monitor_kwargs())
         except BaseException:
             if self.record_dir is not None and not any(self.record_dir.iterdir()):
@@ -161,6 +169,8 @@ class WorkerMonitor:
         if not self._closed:
             self._closed = True
             self._report_path = self.monitor.close()
+            if self.tracker is not None and self.record_dir is not None:
+                self.tracker.upload(self.record_dir, f"ormas/{self.name}/{self.record_dir.name}")
         return self._report_path
 
     def metrics(self) -> dict[str, Any]:
@@ -250,7 +260,13 @@ class WorkerSession:
         ray.train.report(final, checkpoint=None)
 
     def abort(self) -> None:
-        """The loop raised on this rank: close every monitor while the exception propagates."""
+        """The loop raised on this rank: close every monitor while the exception propagates.
+
+        Rank 0 tells the ledger when it starts and finishes; another rank waits (briefly, see
+        ledger.py) for rank 0 to finish its record before the error reaches Ray's teardown."""
+        ledger = self.plan.ledger
+        if self.rank == 0:
+            ledger.rank0_closing.remote(self.token)
         for mon in self.monitors.values():
             try:
                 mon.close()     # ormas-monitor records the pending exception in run_end and never raises over it
@@ -258,6 +274,23 @@ class WorkerSession:
                 print(f"[ray-ormas] rank {self.rank}: could not close monitor {mon.name!r} after the loop failed "
                       f"({type(e).__name__}: {e}); the loop's own error propagates unchanged",
                       file=sys.stderr, flush=True)
+        try:
+            if self.rank == 0:
+                ray.get(ledger.rank0_closed.remote(self.token), timeout=10)
+            else:
+                ray.get(ledger.wait_for_rank0.remote(self.token, RANK0_START_GRACE_S, RANK0_FINISH_GRACE_S),
+                        timeout=RANK0_START_GRACE_S + RANK0_FINISH_GRACE_S + 10)
+        except Exception:       # the ledger is only a courtesy here: the loop's error goes on unchanged
+            pass
+
+
+def _tracking_sink(target: TrackingTarget | None, prefix: str) -> TrackingSink | None:
+    if target is None:
+        return None
+    try:
+        return TrackingSink(target, prefix)
+    except Exception as e:              # e.g. mlflow missing on this node: record it, train on
+        return TrackingSink(dataclasses.replace(target, error=f"{type(e).__name__}: {e}"), prefix)
 
 
 def _activate(session: WorkerSession | None) -> None:

@@ -22,7 +22,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     Options: lesion (zero conv2, conv3), report_at (steps after which to call ray_ormas.report),
     checkpoint (those reports carry a checkpoint), raise_at (step at which rank `raise_rank`
     raises ValueError), fail_once_marker (rank 0 raises at step 5 unless this file exists, and
-    creates it: a failure in the first attempt only), no_optimizer (monitor without the optimizer), close_in_loop (close the
+    creates it: a failure in the first attempt only), kill_server_at / server_pgid (rank 0 kills
+    that process group at that step), sleep_per_step, no_optimizer (monitor without the optimizer), close_in_loop (close the
     monitor inside the loop and check what close() returns on each rank).
     """
     torch.set_num_threads(1)
@@ -42,6 +43,12 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     for step in range(steps):
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
+        if rank == 0 and step == config.get("kill_server_at"):
+            import signal                               # the test's MLflow server dies mid-training
+            os.killpg(config["server_pgid"], signal.SIGKILL)
+        if config.get("sleep_per_step"):
+            import time
+            time.sleep(config["sleep_per_step"])
         marker = config.get("fail_once_marker")
         if marker and step == 5 and rank == 0 and not os.path.exists(marker):
             open(marker, "w").close()                   # only the first attempt fails

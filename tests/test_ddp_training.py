@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, TrainingFailedError
 
@@ -72,6 +73,14 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     assert result.checkpoint is not None
     kept = [p for p in (storage / "healthy").iterdir() if p.is_dir() and p.name.startswith("checkpoint_")]
     assert len(kept) == 1                                   # the user's num_to_keep=1, untouched
+
+    # MLflow by default: an embedded store in the run directory, one finished run with the record.
+    assert run.tracking_uri == f"sqlite:///{storage / 'healthy' / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(run.tracking_uri)
+    tracked = client.get_run(run.mlflow_run_id)
+    assert tracked.info.status == "FINISHED" and tracked.data.metrics["ormas/loss"] == run.final["ormas/loss"]
+    assert {Path(f.path).name for f in client.list_artifacts(run.mlflow_run_id, "ormas/model/segment-000")} == {
+        "diary.jsonl", "metrics.jsonl", "report.html", "summary.html", "summary.md"}
 
 
 @pytest.mark.timeout(300)
