@@ -119,7 +119,7 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def fit_params(params: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """Params within MLflow's limits, and the keys that had to be truncated, without secrets."""
-    secrets = {os.environ[k] for k in _SECRET_ENV if os.environ.get(k)}
+    secrets = {os.environ[k] for k in _SECRET_ENV if len(os.environ.get(k) or "") >= 4}
     out, cut = {}, []
     for k, v in params.items():
         for s in secrets:
@@ -162,7 +162,7 @@ class RunTracker:
                     exp_id = exp.experiment_id
                 else:
                     location = None if not uri.startswith("sqlite:") else \
-                        Path(uri.removeprefix("sqlite:///")).parent.joinpath("artifacts").as_uri()
+                        Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
                     exp_id = client.create_experiment(settings.experiment_name, artifact_location=location)
                 tags = {"ray_ormas.ray_run_name": run_name, **settings.tags}
                 run_id = client.create_run(exp_id, run_name=settings.run_name or run_name, tags=tags).info.run_id

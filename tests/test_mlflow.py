@@ -181,3 +181,24 @@ def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
             proc.wait(timeout=30)
     [run] = runs_of(server, "interrupted")
     assert run.info.status == "KILLED"
+
+
+def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
+    from ray_ormas.tracking import fit_params, flatten_params, shown
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
+    flat = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v"})
+    assert flat["a.b.c"] == "1" and flat["a.empty"] == "{}" and flat["l"] == "[1, 2]"
+    values, cut = fit_params(flat)
+    assert values["pw"] == "x-***-y" and "k" * 250 in values and cut == ["k" * 300]
+    assert shown("https://bob:pw@host:5000/x") == "https://***@host:5000/x"
+
+
+def test_a_relative_sqlite_store_works_from_the_driver(tmp_path, monkeypatch):
+    from ray_ormas.tracking import RunTracker
+    monkeypatch.chdir(tmp_path)
+    tracker = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///rel.db"), None, "rel", {"x": {"y": 1}})
+    assert tracker.run_id is not None
+    tracker.end("FINISHED")
+    run = MlflowClient("sqlite:///rel.db").get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"x.y": "1"}
+    assert run.info.artifact_uri.startswith((tmp_path / "artifacts").as_uri())
