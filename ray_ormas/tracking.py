@@ -13,7 +13,8 @@ Here the run's lifecycle belongs to the driver and its contents to rank 0:
   and naming (`ormas/loss`, `ormas/grad_norm/<layer>`, `ormas/stuck_channels/<layer>`,
   `ormas/events/<event>`); ray-ormas points it at the fit's run through `MlflowClient.log_batch`
   instead of the fluent API's "active run" (whose lifecycle would end the run from a worker).
-  One request per check. At close, rank 0 uploads the record and reports under `ormas/`.
+  One request per check, sent from a background thread so the check never waits on the tracker.
+  At close, rank 0 flushes and uploads the record and reports under `ormas/`.
 * driver, after `fit()` (`RunTracker.end`): FINISHED, FAILED (with the error in a tag) or
   KILLED (Ctrl-C), and the final checkpoint's location as a tag. Never left RUNNING.
 
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,14 +222,19 @@ class _RunLogger:
 class TrackingSink:
     """Rank 0's sink into the fit's MLflow run (ormas-monitor's MLflowSink, pointed at that run).
 
-    On the first failure it prints one warning and re-raises, so ormas-monitor records a
-    `sink_error` and disables the sink: training goes on, the record on disk stays complete.
+    Requests go out from a background thread, so a check never waits on the tracker. The first
+    failure is raised at the next call: ray-ormas prints one warning and ormas-monitor records a
+    `sink_error` and disables the sink. Training goes on; the record on disk stays complete.
     """
+
+    QUEUE_LIMIT = 1000        # rows and events waiting for the tracker before it counts as failed
 
     def __init__(self, target: TrackingTarget, prefix: str) -> None:
         self.target = target
         self.failed = target.error is not None
         self._sink: Any = None
+        self._error: BaseException | None = None
+        self._settled = False          # a late failure was written to the record by `settle`
         if self.failed:
             return
         from mlflow import MlflowClient
@@ -235,22 +243,71 @@ class TrackingSink:
         self._client = MlflowClient(tracking_uri=target.tracking_uri)
         self._sink = MLflowSink(prefix=prefix)
         self._sink._mlflow = _RunLogger(self._client, target.run_id)
+        self._queue: queue.Queue = queue.Queue(maxsize=self.QUEUE_LIMIT)
+        threading.Thread(target=self._send, name="ray-ormas-mlflow", daemon=True).start()
 
     def __call__(self, kind: str, payload: dict) -> None:
+        if self._settled:
+            return
         if self._sink is None:
             raise ConnectionError(f"MLflow tracking was unavailable when the run started ({self.target.error})")
+        if self._error is not None:
+            self._fail()
         try:
-            self._sink(kind, payload)
-        except Exception as e:
-            self.failed = True
-            print(f"[ray-ormas] warning: MLflow logging to {shown(self.target.tracking_uri)} failed "
-                  f"({type(e).__name__}: {_first_line(e)}); training goes on, the record on disk is complete and "
-                  f"notes the failure", file=sys.stderr, flush=True)
-            raise
+            self._queue.put_nowait((kind, payload))
+        except queue.Full:
+            self._error = TimeoutError(f"MLflow logging fell {self.QUEUE_LIMIT} rows behind")
+            self._fail()
+
+    def _fail(self) -> None:
+        self.failed = True
+        e = self._error
+        print(f"[ray-ormas] warning: MLflow logging to {shown(self.target.tracking_uri)} failed "
+              f"({type(e).__name__}: {_first_line(e)}); training goes on, the record on disk is complete and "
+              f"notes the failure", file=sys.stderr, flush=True)
+        raise e
+
+    def _send(self) -> None:
+        while True:
+            kind, payload = self._queue.get()
+            try:
+                if self._error is None:
+                    self._sink(kind, payload)
+            except Exception as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for queued rows to reach the tracker; True if all did."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self._queue.unfinished_tasks and self._error is None
+
+    def settle(self, diary: Any) -> None:
+        """Before the record's `run_end`: wait (bounded) for queued rows to reach the tracker. If
+        it failed after the last row was handed over, ormas-monitor never saw the failure, so it is
+        written to the record here (`sink_error`, through ormas-monitor's own Diary)."""
+        if self._sink is None or self.failed:
+            return
+        if self.flush(timeout_s=4 * self.target.request_timeout_s):
+            return
+        self.failed = self._settled = True
+        why = f"{type(self._error).__name__}: {_first_line(self._error)}" if self._error else \
+            "timed out sending the last rows"
+        print(f"[ray-ormas] warning: MLflow logging to {shown(self.target.tracking_uri)} failed ({why}); training "
+              f"went on, the record on disk is complete and notes the failure", file=sys.stderr, flush=True)
+        try:
+            if diary is not None:
+                diary.write("sink_error", sink=repr(self), error=why)
+        except Exception as e:          # the record's own failure is ormas-monitor's to report at close
+            print(f"[ray-ormas] could not note the MLflow failure in the record ({type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
 
     def upload(self, local_dir: Path, artifact_path: str) -> None:
-        """Upload a record folder (diary, metrics, seal, reports) under `artifact_path`; never raises.
-        Skipped once the tracker has failed (the record already says so)."""
+        """Upload a record folder (diary, metrics, seal, reports) under `artifact_path`; never
+        raises. Skipped once the tracker has failed (the record already says so)."""
         if self._sink is None or self.failed:
             return
         try:

@@ -168,6 +168,8 @@ class WorkerMonitor:
         other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
         if not self._closed:
             self._closed = True
+            if self.tracker is not None:
+                self.tracker.settle(self.monitor.diary)
             self._report_path = self.monitor.close()
             if self.tracker is not None and self.record_dir is not None:
                 self.tracker.upload(self.record_dir, f"ormas/{self.name}/{self.record_dir.name}")
