@@ -156,8 +156,10 @@ class RunTracker:
             from mlflow import MlflowClient
             from mlflow.entities import Param, RunTag
             client = MlflowClient(tracking_uri=uri)
+            existing: dict[str, str] = {}
             if settings.run_id is not None:
-                run_id = client.get_run(settings.run_id).info.run_id
+                run = _existing_run(client, settings.run_id, uri)
+                run_id, existing = run.info.run_id, dict(run.data.params)
                 client.update_run(run_id, status="RUNNING")
             else:
                 exp = client.get_experiment_by_name(settings.experiment_name)
@@ -170,11 +172,16 @@ class RunTracker:
                 tags = {"ray_ormas.ray_run_name": run_name, **settings.tags}
                 run_id = client.create_run(exp_id, run_name=settings.run_name or run_name, tags=tags).info.run_id
             values, cut = fit_params(flatten_params(params))
-            items = [Param(k, v) for k, v in values.items()]
+            # MLflow params are immutable: a continued run keeps the values it has; changes go in a tag.
+            changed = [k for k, v in values.items() if k in existing and existing[k] != v]
+            items = [Param(k, v) for k, v in values.items() if k not in existing]
             for i in range(0, len(items), PARAMS_PER_BATCH):
                 client.log_batch(run_id, params=items[i:i + PARAMS_PER_BATCH])
-            if cut:
-                client.log_batch(run_id, tags=[RunTag("ray_ormas.truncated_params", ",".join(cut)[:TAG_VALUE_LIMIT])])
+            for tag, keys in (("ray_ormas.truncated_params", cut), ("ray_ormas.changed_params", changed)):
+                if keys:
+                    client.log_batch(run_id, tags=[RunTag(tag, ",".join(keys)[:TAG_VALUE_LIMIT])])
+        except ValueError:
+            raise
         except Exception as e:
             msg = f"{type(e).__name__}: {_first_line(e)}"
             print(f"[ray-ormas] warning: MLflow tracking at {shown(uri)} is unavailable ({msg}); training goes on "
@@ -318,6 +325,18 @@ class TrackingSink:
 
     def __repr__(self) -> str:
         return f"ray_ormas.TrackingSink({shown(self.target.tracking_uri)}, run {self.target.run_id})"
+
+
+def _existing_run(client: Any, run_id: str, uri: str) -> Any:
+    """The run to continue; a ValueError now (before launch) if the tracker says it does not exist."""
+    from mlflow.exceptions import MlflowException
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+            raise ValueError(f"MLflowSettings.run_id={run_id!r} does not exist at {shown(uri)}; pass the id of an "
+                             f"existing run, or run_id=None to start a new one") from None
+        raise
 
 
 def _embedded_uri(run_dir: str | None) -> str:

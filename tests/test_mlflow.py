@@ -202,3 +202,19 @@ def test_a_relative_sqlite_store_works_from_the_driver(tmp_path, monkeypatch):
     run = MlflowClient("sqlite:///rel.db").get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.params == {"x.y": "1"}
     assert run.info.artifact_uri.startswith((tmp_path / "artifacts").as_uri())
+
+
+def test_a_missing_run_id_fails_on_the_driver_and_a_continued_run_keeps_its_params(tmp_path, monkeypatch):
+    from ray_ormas.tracking import RunTracker
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32), None, "c", {})
+    first = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db"), None, "c", {"lr": 0.1, "seed": 1})
+    first.end("FAILED")
+    again = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db", run_id=first.run_id), None, "c",
+                             {"lr": 0.2, "seed": 1, "epochs": 3})
+    assert again.run_id == first.run_id
+    again.end("FINISHED")
+    run = MlflowClient("sqlite:///c.db").get_run(first.run_id)
+    assert run.data.params == {"lr": "0.1", "seed": "1", "epochs": "3"}
+    assert run.data.tags["ray_ormas.changed_params"] == "lr" and run.info.status == "FINISHED"
