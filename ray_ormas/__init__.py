@@ -3,12 +3,16 @@
 Driver side, `RayOrmasTrainer(...).fit()`; inside the training loop, three calls:
 `ray_ormas.prepare_model(model)`, `mon = ray_ormas.monitor(model, optimizer)` and
 `mon.step(loss)` after every backward. `ray_ormas.report(...)` is `ray.train.report` with the
-monitor's facts merged in.
+monitor's facts merged in. `ray_ormas.save_checkpoint` / `load_checkpoint` save on rank 0 and
+restore on every rank; `ray_ormas.open_records(uri)` reads a run's records back from storage.
 """
 from importlib.metadata import PackageNotFoundError, version
 
+from .checkpointing import TrainState, load_checkpoint, save_checkpoint
 from .config import MonitorSettings
 from .ledger import RankMismatchError, RankSyncTimeoutError
+from .records import RunRecords, Segment, open_records
+from .storage import RecordStorageError, RecordStore
 from .tracking import MLflowSettings
 from .trainer import OrmasRun, RayOrmasResult, RayOrmasTrainer
 from .worker import WorkerMonitor, monitor, prepare_model, report
@@ -26,9 +30,17 @@ __all__ = [
     "RankSyncTimeoutError",
     "RayOrmasResult",
     "RayOrmasTrainer",
+    "RecordStorageError",
+    "RecordStore",
+    "RunRecords",
+    "Segment",
+    "TrainState",
     "WorkerMonitor",
     "__version__",
+    "load_checkpoint",
     "monitor",
+    "open_records",
     "prepare_model",
     "report",
+    "save_checkpoint",
 ]

@@ -1,11 +1,18 @@
-"""`ray-ormas`: the command line. `ray-ormas demo` runs the digits demo on a local Ray cluster.
+"""`ray-ormas`: the command line.
 
-Exit codes: 0 success, 1 training failed, 2 usage error (argparse's own).
+    ray-ormas demo                       the digits demo on a local Ray cluster
+    ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment, from run storage
+    ray-ormas export RUN --out DIR       events.parquet and metrics.parquet of every segment
+
+RUN is a run's folder (`<storage_path>/<name>`) or its `ormas` folder: a local path or a URI
+pyarrow can open (`s3://...`, `gs://...`). Exit codes: 0 success, 1 training failed or a record
+failed verification, 2 usage error or unreadable storage.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 
@@ -21,6 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--check-every", type=int, default=10, help="steps between monitor checks (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--verbose", action="store_true", help="show the workers' logs and the monitor's events")
+    r = sub.add_parser("report", help="copy a run's record segments from storage and rebuild their HTML reports",
+                       description="Copy every segment of every monitor of RUN into --out, rebuild its reports "
+                                   "with ormas-monitor and verify it. Exit 1 if a segment fails verification "
+                                   "(a crashed segment without run_end counts as incomplete, not failed).")
+    r.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
+    r.add_argument("--out", default="ray_ormas_reports", help="local folder for the copies (default: %(default)s)")
+    r.add_argument("--monitor", help="only this monitor (default: all)")
+    e = sub.add_parser("export", help="write a run's record (all segments) as Parquet: events and metrics")
+    e.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
+    e.add_argument("--out", required=True, help="local folder for events.parquet and metrics.parquet")
+    e.add_argument("--monitor", help="only this monitor (default: all)")
     return p
 
 
@@ -34,7 +52,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as e:
             print(f"ray-ormas demo failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
-    return 0
+        return 0
+    from .records import open_records
+    from .storage import RecordStorageError
+    try:
+        records = open_records(args.run)
+    except (RecordStorageError, OSError) as e:
+        print(f"ray-ormas {args.command}: {e}", file=sys.stderr)
+        return 2
+    if args.command == "export":
+        paths = records.write_parquet(args.out, monitor=args.monitor)
+        for kind, path in paths.items():
+            print(f"{kind}: {path}")
+        return 0
+    return _report(records, Path(args.out), args.monitor)
+
+
+def _report(records, out: Path, monitor: str | None) -> int:
+    done = records.rebuild_reports(out, monitor=monitor)
+    failed = 0
+    for r in done:
+        seg = r.segment
+        state = "complete" if seg.complete else "incomplete (no run_end: its attempt stopped before closing it)"
+        verdict = "verified" if r.verified else "FAILED verification"
+        print(f"{seg.monitor}/{Path(seg.path).name}  attempt {seg.attempt}  {seg.events} events  {state}  {verdict}")
+        for problem in r.problems:
+            print(f"    {problem}")
+        print(f"    report: {r.reports['report']}")
+        failed += not r.verified
+    if not done:
+        print("no segments found", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The run ledger: one small Ray actor per `fit()` that the driver, the controller and the workers share.
 
-It does two things:
+It does three things:
 
 * **Rendezvous before every ray-ormas report.** `ray.train.report` is a barrier: if ranks call
   it different numbers of times (loaders of different lengths, a rank that left its loop early),
@@ -20,14 +20,16 @@ It does two things:
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
   is exactly what went through `ray.train.report`.
 
-The ledger is created by the driver (`RunLedger.options(num_cpus=0).remote(...)`), lives as long
-as the driver's handle, and is killed by the trainer when `fit()` ends.
+The ledger is created by the driver on the head node (as Ray Train pins its own state actor,
+so that losing a worker node never takes the ledger along), lives as long as the driver's
+handle, and is killed by the trainer when `fit()` ends. Rank 0 also checks in at the ledger at
+the start of each worker-group attempt (`begin_attempt`), which numbers the attempts.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.train import Checkpoint, UserCallback
@@ -43,9 +45,17 @@ class RankSyncTimeoutError(TimeoutError):
     """A rank did not reach a ray-ormas report within `sync_timeout_s`."""
 
 
+class Arrival(NamedTuple):
+    """What one rank said at a meeting: which report, after how many monitor steps, and whether
+    it reports a checkpoint (then rank 0 persists the record first; see worker.py)."""
+    kind: str
+    step: int
+    checkpoint: bool = False
+
+
 @dataclass
 class _Meeting:
-    arrivals: dict[int, tuple[str, int]] = field(default_factory=dict)
+    arrivals: dict[int, Arrival] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -61,17 +71,25 @@ class RunLedger:
         self._records: dict[str, str] = {}
         self._rank0_closing: dict[str, asyncio.Event] = {}
         self._rank0_closed: dict[str, asyncio.Event] = {}
+        self._attempts: list[str] = []
 
-    async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int) -> dict[int, tuple[str, int]]:
+    def begin_attempt(self, token: str) -> int:
+        """Rank 0 of a worker-group attempt checks in; returns the attempt's index (0, 1, ...)."""
+        if token not in self._attempts:
+            self._attempts.append(token)
+        return self._attempts.index(token)
+
+    async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int,
+                     checkpoint: bool = False) -> dict[int, Arrival]:
         """Wait until every rank has arrived at meeting (token, seq); return what each said."""
         m = self._meetings.setdefault((token, seq), _Meeting())
-        m.arrivals[rank] = (kind, step)
+        m.arrivals[rank] = Arrival(kind, step, checkpoint)
         if len(m.arrivals) >= self._world:
             m.done.set()
         await m.done.wait()
         return dict(m.arrivals)
 
-    def arrived(self, token: str, seq: int) -> dict[int, tuple[str, int]]:
+    def arrived(self, token: str, seq: int) -> dict[int, Arrival]:
         """Who has arrived at meeting (token, seq) so far, and with what."""
         m = self._meetings.get((token, seq))
         return dict(m.arrivals) if m is not None else {}
@@ -109,13 +127,13 @@ class RunLedger:
 
 
 def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: str, step: int,
-         timeout_s: float) -> dict[int, tuple[str, int]]:
+         timeout_s: float, checkpoint: bool = False) -> dict[int, Arrival]:
     """Meet every other rank at the ledger before report number `seq`; raise instead of hanging.
 
-    Returns {rank: (kind, step)}. Raises RankMismatchError if ranks are at different kinds of
+    Returns {rank: Arrival}. Raises RankMismatchError if ranks are at different kinds of
     report, RankSyncTimeoutError if some rank has not arrived after `timeout_s`.
     """
-    ref = ledger.arrive.remote(token, seq, rank, kind, step)
+    ref = ledger.arrive.remote(token, seq, rank, kind, step, checkpoint)
     try:
         seen = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -128,7 +146,7 @@ def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: st
             f"{_describe(seen)}. Give every rank the same number of batches (ray.train.torch."
             f"prepare_data_loader or a DistributedSampler with drop_last), or raise sync_timeout_s if a rank "
             f"is legitimately slower") from None
-    kinds = {k for k, _ in seen.values()}
+    kinds = {a.kind for a in seen.values()}
     if len(kinds) > 1:
         raise RankMismatchError(
             f"ranks reached different ray-ormas reports at report #{seq}: {_describe(seen)}. Every rank "
@@ -138,9 +156,10 @@ def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: st
     return seen
 
 
-def _describe(seen: dict[int, tuple[str, int]]) -> str:
+def _describe(seen: dict[int, Arrival]) -> str:
     what = {"final": "finished its loop", "user": "called ray_ormas.report", "periodic": "reached a periodic report"}
-    return "; ".join(f"rank {r} {what.get(k, k)} after {s} monitor steps" for r, (k, s) in sorted(seen.items()))
+    return "; ".join(f"rank {r} {what.get(a.kind, a.kind)} after {a.step} monitor steps"
+                     for r, a in sorted(seen.items()))
 
 
 class LedgerCallback(UserCallback):

@@ -34,11 +34,17 @@ class RecordBuffer:
         self.dropped = 0
         self.certificates = 0
         self.record_errors = 0
+        self.rows_written = 0               # metrics rows and diary lines so far: a checkpoint's
+        self.events_written = 0             # pointer into the record (see segments.py)
+        self.last_hash: str | None = None
 
     def __call__(self, kind: str, payload: dict) -> None:
         if kind == "metrics":
             self.latest_row = payload
+            self.rows_written += 1
             return
+        self.events_written += 1
+        self.last_hash = payload.get("hash", self.last_hash)
         event = payload.get("event")
         if event == "certificate":
             self.certificates += 1

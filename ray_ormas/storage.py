@@ -1,62 +1,225 @@
-"""Where rank 0 writes the ormas record, and how a rerun or restart never overwrites one.
+"""Where the ormas record persists: the run's own storage, through any pyarrow filesystem.
 
-Layout, under the record root (by default `<storage_path>/<run name>/ormas` when the run's
-storage is a local path, else `~/ray_results/ray_ormas/<run name>` on rank 0's node):
+Layout, under the record root (by default `<storage_path>/<run name>/ormas`, beside Ray's
+checkpoints, on `RunConfig.storage_filesystem` or the filesystem the storage URI names):
 
     ormas/
       model/                  one folder per monitor (its name; "model" by default)
-        segment-000/          diary.jsonl, metrics.jsonl, report.html, summary.html, summary.md
-        segment-001/          the next attempt (worker-group restart) or rerun under the same name
+        segment-000/          diary.jsonl, metrics.jsonl, segment.json, report.html, summary.html, summary.md
+        segment-001/          the next attempt (worker-group restart) or a rerun under the same name
 
 ormas-monitor refuses to start a record in a folder that already holds one, and `overwrite=True`
-over a real record is data loss; so rank 0 claims the next free `segment-NNN` with an atomic
-`mkdir` instead. Persisting the record through `pyarrow.fs` to remote run storage is the job of
-the storage layer built on this module (see docs/architecture.md).
+over a real record is data loss; so rank 0 claims the next free `segment-NNN`. On a local (or
+NFS-mounted) path the claim is an atomic `mkdir` and the monitor writes there directly. On any
+other filesystem (S3, GCS, HDFS, a `SubTreeFileSystem`, an fsspec one) the claim is the
+segment's `segment.json`, the monitor writes to a staging folder on rank 0's node, and
+`RecordStore.upload` copies that folder to storage (worker.py calls it at every checkpoint and at
+the end). Two `fit()`s running at the same time under the same run name on object storage could
+claim the same segment: object stores have no atomic create, so do not do that (Ray's own
+checkpoints would collide too).
+
+Hooks relied on: `RunConfig.storage_path` / `storage_filesystem` / `name`, resolved the way Ray
+Train resolves them (`pyarrow.fs.FileSystem.from_uri` unless a filesystem is given, then the
+path is a path on it), and `pyarrow.fs` (`copy_files`, `open_output_stream`, `FileSelector`).
 """
 from __future__ import annotations
 
+import json
 import os
+import posixpath
 import re
+import tempfile
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow.fs as pafs
 from ray.train import RunConfig
 
 SEGMENT = re.compile(r"^segment-(\d{3,})$")
+SEGMENT_FILE = "segment.json"
+SEGMENT_FORMAT = "ray-ormas-segment"
 
 
-def is_local_storage(run_config: RunConfig) -> bool:
-    """True when the run's storage is a plain path on this machine (no custom filesystem, no URI)."""
-    path = str(run_config.storage_path)
-    return run_config.storage_filesystem is None and ("://" not in path or path.startswith("file://"))
+class RecordStorageError(ValueError):
+    """The record's storage cannot be used (unwritable, unknown scheme, unreadable)."""
 
 
-def default_record_root(run_config: RunConfig) -> str:
-    """Record root for a run: inside its local storage folder, else a local folder on rank 0's node."""
-    if is_local_storage(run_config):
-        base = str(run_config.storage_path).removeprefix("file://")
-        return os.path.join(os.path.expanduser(base), run_config.name, "ormas")
-    return os.path.join(os.path.expanduser("~/ray_results"), "ray_ormas", run_config.name)
+def segment_name(index: int) -> str:
+    return f"segment-{index:03d}"
 
 
-def claim_segment(monitor_dir: str | Path) -> Path:
-    """Create and return the next free `segment-NNN` folder under `monitor_dir` (atomic mkdir)."""
-    monitor_dir = Path(monitor_dir)
-    monitor_dir.mkdir(parents=True, exist_ok=True)
-    taken = [int(m.group(1)) for p in monitor_dir.iterdir() if (m := SEGMENT.match(p.name))]
-    index = max(taken, default=-1) + 1
-    while True:
-        path = monitor_dir / f"segment-{index:03d}"
-        try:
-            path.mkdir()
+def segment_index(name: str) -> int | None:
+    m = SEGMENT.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class RecordStore:
+    """A record root on a pyarrow filesystem. Picklable: it travels to the workers in the plan.
+
+    Attributes:
+        filesystem: any `pyarrow.fs.FileSystem`.
+        root: the `ormas` folder's path on it (no scheme).
+    """
+
+    filesystem: pafs.FileSystem
+    root: str
+
+    @classmethod
+    def for_run(cls, run_config: RunConfig, record_dir: str | os.PathLike | None = None) -> RecordStore:
+        """The store a run's record goes to: `record_dir` if given (a local path or a URI), else
+        `<storage_path>/<name>/ormas` on the run's storage."""
+        if record_dir is not None:
+            return cls.at(record_dir)
+        fs, base = resolve(run_config.storage_path, run_config.storage_filesystem)
+        return cls(fs, posixpath.join(base, run_config.name, "ormas"))
+
+    @classmethod
+    def at(cls, path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> RecordStore:
+        fs, root = resolve(path, filesystem)
+        return cls(fs, root)
+
+    @property
+    def is_local(self) -> bool:
+        """True when paths in this store are paths on this machine (a local disk or a mount)."""
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def shown(self, path: str | None = None) -> str:
+        """A path in this store as a user would type it (`s3://bucket/...`, or a local path)."""
+        path = self.root if path is None else path
+        if self.is_local:
             return path
-        except FileExistsError:
-            index += 1
+        scheme = self.filesystem.type_name
+        return f"{scheme}://{path}" if scheme in ("s3", "gcs", "hdfs") else f"{path} (on {scheme} filesystem)"
+
+    def local_path(self, path: str) -> Path | None:
+        return Path(path) if self.is_local else None
+
+    def monitor_dir(self, monitor: str) -> str:
+        return posixpath.join(self.root, monitor)
+
+    # ------------------------------------------------------------------ checks
+    def check_writable(self) -> None:
+        """Write and delete a probe file in the root, or raise RecordStorageError naming the path
+        and the reason. Called on the driver before any worker starts. Folders it had to create
+        on a local store are removed again, so a trainer that is never fit leaves no trace."""
+        probe = posixpath.join(self.root, f".ray-ormas-write-check-{uuid.uuid4().hex}")
+        created = self._first_missing_folder()
+        try:
+            self.filesystem.create_dir(self.root, recursive=True)
+            with self.filesystem.open_output_stream(probe) as f:
+                f.write(b"ok")
+            self.filesystem.delete_file(probe)
+            if created is not None:
+                self.filesystem.delete_dir(created)
+        except Exception as e:
+            raise RecordStorageError(
+                f"cannot write the ormas record to {self.shown()}: {type(e).__name__}: {e}. The record goes "
+                f"beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "
+                f"RayOrmasTrainer(record_dir=...) says otherwise; point it at a location every node can write "
+                f"(a shared path such as /mnt/nfs/runs, or s3://bucket/runs with credentials in the "
+                f"environment)") from None
+
+    def _first_missing_folder(self) -> str | None:
+        if not self.is_local:
+            return None
+        missing, path = None, self.root
+        while path and not os.path.lexists(path):
+            missing, parent = path, os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        return missing if path and os.path.isdir(path) else None
+
+    # ------------------------------------------------------------------ segments
+    def segments(self, monitor: str) -> list[str]:
+        """Paths of one monitor's segments, oldest first."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.monitor_dir(monitor), allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        found = [(i, info.path) for info in infos
+                 if info.type == pafs.FileType.Directory and (i := segment_index(info.base_name)) is not None]
+        return [p for _, p in sorted(found)]
+
+    def monitors(self) -> list[str]:
+        """Names of the monitors that have at least one segment here."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and self.segments(i.base_name))
+
+    def claim_segment(self, monitor: str, link: dict[str, Any]) -> tuple[str, Path]:
+        """Claim the next free segment of `monitor`; return (its path in the store, the local
+        folder the monitor writes to). The link (see segment_link) is written as `segment.json`."""
+        taken = [segment_index(posixpath.basename(p)) or 0 for p in self.segments(monitor)]
+        index = max(taken, default=-1) + 1
+        if self.is_local:
+            Path(self.monitor_dir(monitor)).mkdir(parents=True, exist_ok=True)
+            while True:
+                path = posixpath.join(self.monitor_dir(monitor), segment_name(index))
+                try:
+                    os.mkdir(path)          # atomic: two claimants never get the same folder
+                    break
+                except FileExistsError:
+                    index += 1
+            local = Path(path)
+        else:
+            path = posixpath.join(self.monitor_dir(monitor), segment_name(index))
+            local = Path(tempfile.mkdtemp(prefix=f"ray-ormas-{monitor}-{segment_name(index)}-"))
+        link = {**link, "segment": index}
+        (local / SEGMENT_FILE).write_text(json.dumps(link, indent=1, sort_keys=True) + "\n")
+        if not self.is_local:
+            self.filesystem.create_dir(path, recursive=True)
+            self.write_bytes(posixpath.join(path, SEGMENT_FILE), (local / SEGMENT_FILE).read_bytes())
+        return path, local
+
+    # ------------------------------------------------------------------ files
+    def upload(self, local_dir: Path, path: str) -> None:
+        """Copy every file of `local_dir` to `path` (a no-op when the store is where they are)."""
+        if self.is_local and os.path.realpath(local_dir) == os.path.realpath(path):
+            return
+        pafs.copy_files(str(local_dir), path, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=self.filesystem)
+
+    def download(self, path: str, local_dir: Path) -> Path:
+        """Copy the folder `path` of this store into `local_dir`; return `local_dir`."""
+        local_dir.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(path, str(local_dir), source_filesystem=self.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+        return local_dir
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with self.filesystem.open_input_stream(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self.filesystem.open_output_stream(path) as f:
+            f.write(data)
 
 
-def segments(monitor_dir: str | Path) -> list[Path]:
-    """The segment folders of one monitor, oldest first."""
-    monitor_dir = Path(monitor_dir)
-    if not monitor_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in monitor_dir.iterdir() if (m := SEGMENT.match(p.name))]
-    return [p for _, p in sorted(found)]
+def resolve(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path on it) the way Ray Train resolves `storage_path` and `storage_filesystem`;
+    a plain local path is made absolute (and `~` expanded)."""
+    text = os.fspath(path)
+    if filesystem is not None:
+        if not isinstance(filesystem, pafs.FileSystem):
+            raise TypeError(f"storage_filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            text = os.path.abspath(os.path.expanduser(text))
+        return filesystem, text
+    if "://" not in text:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(text))
+    try:
+        fs, fs_path = pafs.FileSystem.from_uri(text)
+    except Exception as e:
+        raise RecordStorageError(
+            f"pyarrow cannot open the storage URI {text!r} ({type(e).__name__}: {e}); use a scheme pyarrow knows "
+            f"(file, s3, gs, hdfs) or pass RunConfig(storage_filesystem=...) with a path on it") from None
+    return fs, fs_path

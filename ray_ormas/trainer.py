@@ -25,29 +25,38 @@ import difflib
 import inspect
 import os
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import pyarrow.fs as pafs
 import ray
 from ormas_monitor import MonitorConfig
 from ray.train import Result, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .config import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, MonitorSettings, RepairMode, check_strategy
 from .ledger import LedgerCallback, RunLedger
-from .storage import default_record_root, is_local_storage
+from .records import RunRecords
+from .storage import RecordStore, resolve
 from .tracking import MLflowSettings, RunTracker
 from .worker import WorkerPlan, wrap_train_loop
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"      # what Ray Train's own state actor is pinned with
 
 @dataclass(frozen=True)
 class OrmasRun:
     """What ray-ormas adds to Ray's Result.
 
     Attributes:
-        record_dir: rank 0's record of the main monitor (a `segment-NNN` folder on rank 0's node).
-        records: every monitor's record folder, by monitor name.
-        report: the main monitor's engineer report (`report.html`), None if it was not written.
+        store: where the records persist (a pyarrow filesystem and the `ormas` folder on it).
+        records: each monitor's segment of this fit's last attempt, as a path in `store`.
+        record_dir: the main monitor's segment as a local path, when the store is local (a
+            disk or a mount); None on object storage (use `records`, or `open_records()`).
+        report: the main monitor's engineer report (`report.html`), when the store is local and
+            the report was written.
         final: rank 0's `ormas/...` facts from the last report (counts, loss, steps, ...).
         reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
             (index = world rank), exactly as `ray.train.report` delivered them to the controller.
@@ -56,8 +65,9 @@ class OrmasRun:
         tracking_uri: where that run is.
     """
 
+    store: RecordStore
+    records: dict[str, str]
     record_dir: Path | None
-    records: dict[str, Path]
     report: Path | None
     final: dict[str, Any]
     reports: list[list[dict[str, Any]]] = field(default_factory=list)
@@ -68,6 +78,10 @@ class OrmasRun:
     def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
         return [[rank.get(key) for rank in per_rank] for per_rank in self.reports]
+
+    def open_records(self) -> RunRecords:
+        """Every segment of every monitor under this run's record root, readable as Arrow tables."""
+        return RunRecords(self.store)
 
 
 @dataclass
@@ -93,8 +107,9 @@ class RayOrmasTrainer:
             the loop's own `ray_ormas.report` calls and once at the end.
         sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
             with an error that names the missing ranks.
-        record_dir: where rank 0 writes the record (on its node). Default: `<storage_path>/<name>/ormas`
-            for local run storage, else `~/ray_results/ray_ormas/<name>`.
+        record_dir: where the record persists, a local path or a URI pyarrow can open. Default:
+            `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
+            beside Ray's checkpoints. Checked for writing here, before anything starts.
         strategy: "ddp" or "fsdp" (`ray.train.torch.prepare_model`'s parallel strategy).
         mlflow: True (default: track in MLflow with `MLflowSettings()`: `MLFLOW_TRACKING_URI`, else
             an embedded store in the run directory), an `MLflowSettings`, or False (no tracking).
@@ -147,7 +162,8 @@ class RayOrmasTrainer:
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
-        self.record_root = os.fspath(record_dir) if record_dir is not None else default_record_root(self.run_config)
+        self.store = RecordStore.for_run(self.run_config, record_dir)
+        self.store.check_writable()
         if mlflow is True:
             mlflow = MLflowSettings()
         if mlflow is not False and not isinstance(mlflow, MLflowSettings):
@@ -168,9 +184,9 @@ class RayOrmasTrainer:
         if not ray.is_initialized():
             ray.init()
         tracker = self._start_tracking()
-        ledger = RunLedger.options(num_cpus=0).remote(self.scaling_config.num_workers)
-        plan = WorkerPlan(settings=self.settings, strategy=self.strategy, record_root=self.record_root,
-                          run_name=self.run_config.name, ledger=ledger,
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers)
+        plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
+                          run_name=self.run_config.name, fit_id=uuid.uuid4().hex, ledger=ledger,
                           tracking=tracker.target if tracker is not None else None)
         run_config = dataclasses.replace(self.run_config,
                                          callbacks=[*(self.run_config.callbacks or []), LedgerCallback(ledger)])
@@ -180,7 +196,7 @@ class RayOrmasTrainer:
         try:
             result = trainer.fit()
         except BaseException as e:
-            _tell_where_the_record_is(ledger)
+            _tell_where_the_record_is(ledger, self.store)
             if tracker is not None:
                 # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
                 interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
@@ -193,7 +209,7 @@ class RayOrmasTrainer:
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
-        run = _ormas_run(snapshot)
+        run = _ormas_run(snapshot, self.store)
         if tracker is not None:
             run = dataclasses.replace(run, mlflow_run_id=tracker.run_id, tracking_uri=tracker.target.tracking_uri)
         return RayOrmasResult(**fields, ormas=run)
@@ -202,8 +218,8 @@ class RayOrmasTrainer:
         if self.mlflow is None:
             return None
         rc = self.run_config
-        run_dir = os.path.join(os.path.expanduser(str(rc.storage_path).removeprefix("file://")), rc.name) \
-            if is_local_storage(rc) else None
+        fs, base = resolve(rc.storage_path, rc.storage_filesystem)
+        run_dir = os.path.join(base, rc.name) if isinstance(fs, pafs.LocalFileSystem) else None
         sc = self.scaling_config
         params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
                   "strategy": self.strategy,
@@ -213,24 +229,34 @@ class RayOrmasTrainer:
         return RunTracker.start(self.mlflow, run_dir, rc.name, params)
 
 
-def _ormas_run(snapshot: dict[str, Any]) -> OrmasRun:
+def _on_head_node() -> dict[str, Any]:
+    """Actor options that keep the ledger on the head node (as Ray Train keeps its own state
+    actor), so that losing a worker node never takes it along; else near the driver."""
+    if HEAD_NODE_RESOURCE in ray.cluster_resources():
+        return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
+
+
+def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
     reports = snapshot["reports"]
     final = reports[-1][0] if reports else {}
-    records = {name: Path(p) for name, p in snapshot["records"].items()}
-    report = final.get("ormas/report_path")
-    return OrmasRun(record_dir=records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None)),
-                    records=records, report=Path(report) if report else None, final=final, reports=reports,
-                    worker_errors=snapshot["exceptions"])
+    records: dict[str, str] = dict(snapshot["records"])
+    main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
+    record_dir = store.local_path(main) if main is not None else None
+    report = record_dir / "report.html" if record_dir is not None and final.get("ormas/report_path") else None
+    return OrmasRun(store=store, records=records, record_dir=record_dir, report=report, final=final,
+                    reports=reports, worker_errors=snapshot["exceptions"])
 
 
-def _tell_where_the_record_is(ledger: Any) -> None:
+def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
     try:
         records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
     except Exception:       # only a hint on the way out; the training error must propagate as it is
         return
     for name, path in records.items():
-        print(f"[ray-ormas] training failed; the record of monitor {name!r} (with the error in its run_end) "
-              f"is at {path} on rank 0's node", file=sys.stderr, flush=True)
+        print(f"[ray-ormas] training failed; the record of monitor {name!r} is at {store.shown(path)} (as of its "
+              f"last checkpoint, or complete with the error in its run_end if rank 0 could close it)",
+              file=sys.stderr, flush=True)
 
 
 def _check_loop(fn: Any) -> None:

@@ -46,10 +46,12 @@ import torch
 import torch.nn as nn
 from ormas_monitor import Monitor
 
+from .compat import flush_metrics
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
-from .ledger import RANK_KEY, meet
+from .ledger import RANK_KEY, Arrival, meet
 from .reporting import RecordBuffer, rank0_metrics, rank_facts
-from .storage import claim_segment
+from .segments import segment_link
+from .storage import RecordStore
 from .tracking import TrackingSink, TrackingTarget
 
 _SESSION: WorkerSession | None = None
@@ -62,8 +64,9 @@ class WorkerPlan:
     """Everything the driver sends to every worker (pickled into the train function)."""
     settings: MonitorSettings
     strategy: str
-    record_root: str
+    store: RecordStore
     run_name: str
+    fit_id: str
     ledger: Any
     tracking: TrackingTarget | None = None
 
@@ -128,20 +131,29 @@ class WorkerMonitor:
         self._last_loss: torch.Tensor | float | None = None
         self._closed = False
         self._report_path: Path | None = None
-        monitor_dir = Path(plan.record_root) / name
-        self.record_dir: Path | None = claim_segment(monitor_dir) if session.rank == 0 else None
+        self._upload_failed = False
+        # Rank 0 only: the segment's path in the store, and the local folder the monitor writes
+        # to (the same folder on a local store, a staging folder otherwise).
+        self.segment_path: str | None = None
+        self.record_dir: Path | None = None
+        self.step_offset = 0
+        if session.rank == 0:
+            link = segment_link(plan.store, name, run_name=plan.run_name, fit_id=plan.fit_id,
+                                attempt=session.attempt, world_size=session.world_size,
+                                resumed_from=session.resumed_from())
+            self.step_offset = link["step_offset"]
+            self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
         self.tracker = _tracking_sink(plan.tracking, self._prefix.rstrip("/")) if session.rank == 0 else None
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         try:
-            self.monitor = Monitor(model, optimizer, out=self.record_dir or monitor_dir,
+            self.monitor = Monitor(model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
                                    name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler,
                                    **plan.settings.monitor_kwargs())
         except BaseException:
-            if self.record_dir is not None and not any(self.record_dir.iterdir()):
-                self.record_dir.rmdir()
+            self._release_segment()
             raise
-        if self.record_dir is not None:
-            plan.ledger.set_record.remote(name, str(self.record_dir))
+        if self.segment_path is not None:
+            plan.ledger.set_record.remote(name, self.segment_path)
 
     @property
     def steps(self) -> int:
@@ -154,9 +166,57 @@ class WorkerMonitor:
         self.monitor.step(loss)
         if loss is not None:
             self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if self.monitor.checks == checks:
+            return                              # an unsampled step: nothing more to do
+        if self.record_dir is not None:
+            flush_metrics(self.monitor)         # the row is on disk before the next step can crash
         every = self._session.plan.settings.report_every
-        if every and self._primary and self.monitor.checks != checks and self.monitor.checks % every == 0:
+        if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)
+
+    def persist(self) -> dict[str, Any] | None:
+        """Rank 0: bring the segment in storage up to date; return the pointer a checkpoint
+        carries (segments.py). Other ranks: None. A failed upload is written to the record (a
+        `sink_error`) and reported once; training goes on."""
+        if self.record_dir is None or self.segment_path is None:
+            return None
+        if not self._closed:
+            flush_metrics(self.monitor)
+        try:
+            self._session.plan.store.upload(self.record_dir, self.segment_path)
+        except Exception as e:              # telemetry never breaks training
+            self._upload_error(e)
+        steps = self.monitor.step_count
+        return {"segment": Path(self.segment_path).name, "path": self.segment_path,
+                "events": self.buffer.events_written, "last_hash": self.buffer.last_hash,
+                "metrics_rows": self.buffer.rows_written, "steps": steps, "run_steps": self.step_offset + steps}
+
+    def _upload_error(self, e: Exception) -> None:
+        self.buffer.record_errors += 1
+        error = f"{type(e).__name__}: {e}"
+        where = self._session.plan.store.shown(self.segment_path)
+        if not self._upload_failed:
+            print(f"[ray-ormas] could not persist the record of monitor {self.name!r} to {where} ({error}); "
+                  f"training goes on, the record is kept at {self.record_dir} on this node and is uploaded again "
+                  f"at the next checkpoint and at the end", file=sys.stderr, flush=True)
+        self._upload_failed = True
+        diary = self.monitor.diary
+        if not self._closed and diary is not None:
+            self.buffer("event", diary.write("sink_error", sink=f"ray-ormas upload to {where}", error=error))
+
+    def _release_segment(self) -> None:
+        """Give back a claimed segment the monitor never started writing (its constructor raised)."""
+        if self.record_dir is None or (self.record_dir / "diary.jsonl").exists():
+            return
+        store = self._session.plan.store
+        try:
+            for f in self.record_dir.iterdir():
+                f.unlink()
+            self.record_dir.rmdir()
+            if not store.is_local:
+                store.filesystem.delete_dir(self.segment_path)
+        except OSError:
+            pass
 
     def note_loss(self, loss: torch.Tensor | float | None) -> None:
         """The loss of this step, for loops that call `step()` without one."""
@@ -171,8 +231,10 @@ class WorkerMonitor:
             if self.tracker is not None:
                 self.tracker.settle(self.monitor.diary)
             self._report_path = self.monitor.close()
-            if self.tracker is not None and self.record_dir is not None:
-                self.tracker.upload(self.record_dir, f"ormas/{self.name}/{self.record_dir.name}")
+            if self.record_dir is not None and self.segment_path is not None:
+                self.persist()
+                if self.tracker is not None:
+                    self.tracker.upload(self.record_dir, f"ormas/{self.name}/{Path(self.segment_path).name}")
         return self._report_path
 
     def metrics(self) -> dict[str, Any]:
@@ -182,8 +244,10 @@ class WorkerMonitor:
         if self._session.rank == 0:
             out.update(rank0_metrics(p, self.buffer, self.monitor.counts))
             out[f"{p}checks"] = self.monitor.checks
-            out[f"{p}record_dir"] = str(self.record_dir)
-            out[f"{p}report_path"] = str(self._report_path) if self._report_path else None
+            out[f"{p}record_dir"] = self._session.plan.store.shown(self.segment_path)
+            out[f"{p}report_path"] = (self._session.plan.store.shown(f"{self.segment_path}/{self._report_path.name}")
+                                      if self._report_path else None)
+            out[f"{p}step_offset"] = self.step_offset
             out[f"{p}record_errors"] = self.buffer.record_errors
         return out
 
@@ -200,6 +264,23 @@ class WorkerSession:
         self.reports = 0
         from ray.train.collective import broadcast_from_rank_zero
         self.token: str = broadcast_from_rank_zero(uuid.uuid4().hex if self.rank == 0 else None)
+        self.attempt = ray.get(plan.ledger.begin_attempt.remote(self.token), timeout=60) if self.rank == 0 else 0
+        self._resumed_from: dict[str, Any] | None = None
+        self._resume_read = False
+
+    def resumed_from(self) -> dict[str, Any] | None:
+        """The checkpoint this attempt starts from (`ray.train.get_checkpoint()`) and the record
+        pointer in its metadata; None on a fresh start. Read once, on rank 0."""
+        if not self._resume_read:
+            self._resume_read = True
+            checkpoint = ray.train.get_checkpoint()
+            if checkpoint is not None:
+                try:
+                    record = checkpoint.get_metadata().get("ormas")
+                except Exception:           # a checkpoint without readable metadata still resumes
+                    record = None
+                self._resumed_from = {"checkpoint": checkpoint.path, "record": record}
+        return self._resumed_from
 
     def add_monitor(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, name: str, scaler: Any,
                     sinks: Sequence[Callable[[str, dict], None]]) -> WorkerMonitor:
@@ -227,13 +308,23 @@ class WorkerSession:
                 out[f"{mon._prefix}report_error"] = f"{type(e).__name__}: {e}"
         return out
 
-    def _meet(self, kind: str) -> dict[int, tuple[str, int]]:
+    def _meet(self, kind: str, checkpoint: bool = False) -> dict[int, Arrival]:
         return meet(self.plan.ledger, self.token, self.reports, self.rank, self.world_size, kind, self._steps(),
-                    self.plan.settings.sync_timeout_s)
+                    self.plan.settings.sync_timeout_s, checkpoint)
 
     def report(self, kind: str, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
                **kwargs: Any) -> None:
-        self._meet(kind)
+        seen = self._meet(kind, checkpoint is not None)
+        if self.rank == 0 and any(a.checkpoint for a in seen.values()):
+            # Some rank reports a checkpoint: the record in storage is brought up to it first, and
+            # rank 0's checkpoint carries a pointer to the record as of now (segments.py).
+            pointers = {name: p for name, mon in self.monitors.items() if (p := mon.persist()) is not None}
+            if checkpoint is not None and pointers:
+                try:
+                    checkpoint.update_metadata({"ormas": pointers})
+                except Exception as e:      # the user's checkpoint is reported either way
+                    print(f"[ray-ormas] could not add the record pointer to the checkpoint's metadata "
+                          f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
         payload = {**metrics, **self._metrics(kind)}
         self.reports += 1
         ray.train.report(payload, checkpoint=checkpoint, **kwargs)
@@ -245,7 +336,7 @@ class WorkerSession:
         except BaseException:
             self.abort()
             raise
-        steps = {rank: step for rank, (_, step) in seen.items()}
+        steps = {rank: arrival.step for rank, arrival in seen.items()}
         for mon in self.monitors.values():
             try:
                 mon.close()
@@ -271,7 +362,7 @@ class WorkerSession:
             ledger.rank0_closing.remote(self.token)
         for mon in self.monitors.values():
             try:
-                mon.close()     # ormas-monitor records the pending exception in run_end and never raises over it
+                mon.close()     # run_end carries the pending exception; then the segment is persisted
             except Exception as e:
                 print(f"[ray-ormas] rank {self.rank}: could not close monitor {mon.name!r} after the loop failed "
                       f"({type(e).__name__}: {e}); the loop's own error propagates unchanged",

@@ -86,3 +86,56 @@ def report_count_loop(config: dict[str, Any]) -> None:
     ray_ormas.monitor(model, None)
     for i in range(config["reports_by_rank"][str(rank)]):
         ray_ormas.report({"i": i})
+
+
+def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """Epochs over a DistributedSampler, resumable with ray_ormas.save_checkpoint/load_checkpoint.
+
+    Inputs get Gaussian noise from the global torch RNG, so an exact resume needs the random state
+    restored too. Options: epochs, kill_rank / kill_at (that rank SIGKILLs itself before global
+    step `kill_at`, once: `kill_marker` is created first), sleep_per_step, storage_root +
+    storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
+    each checkpoint report and returns the line counts it saw).
+    """
+    import signal
+    import time
+
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    x, y, _, _ = load_digits(0)
+    data = TensorDataset(x[:512], y[:512])
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    model = ray_ormas.prepare_model(DigitsCNN())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+    mon = ray_ormas.monitor(model, opt)
+    state = ray_ormas.load_checkpoint(model, opt, sampler=sampler)
+    step = state.step if state else 0
+    persisted = []
+    for epoch in range(state.epoch + 1 if state else 0, config.get("epochs", 4)):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            marker = config.get("kill_marker")
+            if rank == config.get("kill_rank") and step == config.get("kill_at") and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if config.get("sleep_per_step"):
+                time.sleep(config["sleep_per_step"])
+            loss = F.cross_entropy(model(xb + 0.05 * torch.randn_like(xb)), yb)
+            opt.zero_grad()
+            loss.backward()
+            mon.step(loss)
+            opt.step()
+            step += 1
+        checkpoint = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
+        ray_ormas.report({"epoch": epoch, "step": step}, checkpoint=checkpoint)
+        if rank == 0 and config.get("storage_check"):
+            from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
+            fs = SubTreeFileSystem(config["storage_root"], LocalFileSystem())
+            with fs.open_input_stream(config["storage_check"]) as f:
+                persisted.append(f.read().count(b"\n"))
+    return {"step": step, "resumed_from_epoch": state.epoch if state else None, "persisted_lines": persisted}

@@ -47,7 +47,7 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     assert run.record_dir == root / "segment-000"
     assert [p.name for p in root.iterdir()] == ["segment-000"]
     assert sorted(p.name for p in run.record_dir.iterdir()) == [
-        "diary.jsonl", "metrics.jsonl", "report.html", "summary.html", "summary.md"]
+        "diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"]
     assert verify_run(run.record_dir).ok
     assert result.return_value["closed"] == str(run.record_dir / "report.html") == str(run.report)
     manifest = events(run.record_dir, "manifest")[0]
@@ -73,6 +73,11 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     assert result.checkpoint is not None
     kept = [p for p in (storage / "healthy").iterdir() if p.is_dir() and p.name.startswith("checkpoint_")]
     assert len(kept) == 1                                   # the user's num_to_keep=1, untouched
+    # ... and it points into the record as it was then: checks at steps 0, 4, 8, 12 (of 16).
+    pointer = result.checkpoint.get_metadata()["ormas"]["model"]
+    lines = diary(run.record_dir)
+    assert pointer["segment"] == "segment-000" and pointer["steps"] == pointer["run_steps"] == 16
+    assert pointer["metrics_rows"] == 4 and lines[pointer["events"] - 1]["hash"] == pointer["last_hash"]
 
     # MLflow by default: an embedded store in the run directory, one finished run with the record.
     assert run.tracking_uri == f"sqlite:///{storage / 'healthy' / 'mlflow' / 'mlflow.db'}"
@@ -80,7 +85,7 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     tracked = client.get_run(run.mlflow_run_id)
     assert tracked.info.status == "FINISHED" and tracked.data.metrics["ormas/loss"] == run.final["ormas/loss"]
     assert {Path(f.path).name for f in client.list_artifacts(run.mlflow_run_id, "ormas/model/segment-000")} == {
-        "diary.jsonl", "metrics.jsonl", "report.html", "summary.html", "summary.md"}
+        "diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"}
 
 
 @pytest.mark.timeout(300)

@@ -14,15 +14,16 @@ def loop(config):
     pass
 
 
-def test_valid_trainer_builds_settings_without_starting_ray():
+def test_valid_trainer_builds_settings_without_starting_ray(tmp_path):
     import ray
     was_running = ray.is_initialized()
     t = RayOrmasTrainer(loop, repair=True, check_every=7, layers="conv*", report_every=3,
                         monitor_config=MonitorConfig(patience=2), scaling_config=ScalingConfig(num_workers=2),
-                        run_config=RunConfig(name="x", storage_path="/tmp/somewhere"))
+                        run_config=RunConfig(name="x", storage_path=str(tmp_path / "somewhere")))
     assert t.settings.config.check_every == 7 and t.settings.config.patience == 2
     assert t.settings.layers == ("conv*",)
-    assert t.record_root == "/tmp/somewhere/x/ormas"
+    assert t.store.root == str(tmp_path / "somewhere" / "x" / "ormas") and t.store.is_local
+    assert list(tmp_path.iterdir()) == []           # the storage check leaves no trace
     assert ray.is_initialized() == was_running
 
 

@@ -19,7 +19,7 @@ from ray_ormas import MLflowSettings, RayOrmasTrainer
 from .loops import digits_loop
 from .mlflow_server import mlflow_server
 
-RECORD_FILES = {"diary.jsonl", "metrics.jsonl", "report.html", "summary.html", "summary.md"}
+RECORD_FILES = {"diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"}
 
 
 @pytest.fixture(scope="module")

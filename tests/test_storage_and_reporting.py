@@ -1,35 +1,90 @@
-"""Record placement (segments never overwrite) and what a report carries, without Ray workers."""
+"""Record placement (segments never overwrite), storage checks and what a report carries, without Ray workers."""
 from __future__ import annotations
 
 import copy
+import json
 
+import fsspec
 import pyarrow.fs
+import pytest
 import torch
+from pyarrow.fs import FSSpecHandler, LocalFileSystem, PyFileSystem, SubTreeFileSystem
 from ray.train import RunConfig
 
+from ray_ormas import RayOrmasTrainer
 from ray_ormas.demo import DigitsCNN
 from ray_ormas.reporting import EVENT_LIMIT, RecordBuffer, parameter_digest, rank0_metrics
-from ray_ormas.storage import claim_segment, default_record_root, is_local_storage, segments
+from ray_ormas.segments import diary_tail
+from ray_ormas.storage import RecordStorageError, RecordStore
 
 
-def test_segments_are_claimed_in_order_and_never_reused(tmp_path):
-    a = claim_segment(tmp_path / "model")
+def test_local_segments_are_claimed_in_order_and_never_reused(tmp_path):
+    store = RecordStore.at(tmp_path / "ormas")
+    path_a, a = store.claim_segment("model", {"attempt": 0})
     (a / "diary.jsonl").write_text("x")
-    b = claim_segment(tmp_path / "model")
-    assert (a.name, b.name) == ("segment-000", "segment-001")
+    path_b, b = store.claim_segment("model", {"attempt": 1})
+    assert (a.name, b.name) == ("segment-000", "segment-001") and str(a) == path_a and str(b) == path_b
     assert (a / "diary.jsonl").read_text() == "x"
-    assert segments(tmp_path / "model") == [a, b]
-    assert segments(tmp_path / "absent") == []
+    assert json.loads((b / "segment.json").read_text()) == {"attempt": 1, "segment": 1}
+    assert store.segments("model") == [path_a, path_b] and store.monitors() == ["model"]
+    assert store.segments("absent") == []
 
 
-def test_record_root_follows_local_run_storage_only(tmp_path):
-    local = RunConfig(name="r1", storage_path=str(tmp_path))
-    assert is_local_storage(local) and default_record_root(local) == str(tmp_path / "r1" / "ormas")
-    remote = RunConfig(name="r1", storage_path="s3://bucket/runs")
-    assert not is_local_storage(remote)
-    assert default_record_root(remote).endswith("ray_results/ray_ormas/r1")
-    custom = RunConfig(name="r1", storage_path="bucket/runs", storage_filesystem=pyarrow.fs.LocalFileSystem())
-    assert not is_local_storage(custom)
+@pytest.mark.parametrize("make_fs", [
+    lambda root: SubTreeFileSystem(str(root), LocalFileSystem()),
+    lambda root: SubTreeFileSystem(str(root), PyFileSystem(FSSpecHandler(fsspec.filesystem("file")))),
+], ids=["subtree", "fsspec"])
+def test_remote_store_stages_locally_and_uploads(tmp_path, make_fs):
+    remote = tmp_path / "bucket"
+    remote.mkdir()
+    store = RecordStore(make_fs(remote), "runs/r1/ormas")
+    assert not store.is_local
+    store.check_writable()
+    path, local = store.claim_segment("model", {"attempt": 0})
+    assert path == "runs/r1/ormas/model/segment-000" and not str(local).startswith(str(remote))
+    assert json.loads((remote / path / "segment.json").read_text())["segment"] == 0   # the claim itself
+    (local / "diary.jsonl").write_text("line\n")
+    store.upload(local, path)
+    assert (remote / path / "diary.jsonl").read_text() == "line\n"
+    assert store.claim_segment("model", {})[0].endswith("segment-001")
+    back = store.download(path, tmp_path / "back")
+    assert sorted(p.name for p in back.iterdir()) == ["diary.jsonl", "segment.json"]
+
+
+def test_record_store_follows_the_run_storage(tmp_path):
+    local = RecordStore.for_run(RunConfig(name="r1", storage_path=str(tmp_path)))
+    assert local.is_local and local.root == str(tmp_path / "r1" / "ormas")
+    assert RecordStore.for_run(RunConfig(name="r1", storage_path=f"file://{tmp_path}")).root == local.root
+    mock = RecordStore.for_run(RunConfig(name="r1", storage_path="mock:///bucket/runs"))
+    assert not mock.is_local and mock.root == "bucket/runs/r1/ormas"
+    custom_fs = SubTreeFileSystem(str(tmp_path), LocalFileSystem())
+    custom = RecordStore.for_run(RunConfig(name="r1", storage_path="bucket/runs", storage_filesystem=custom_fs))
+    assert custom.filesystem is custom_fs and custom.root == "bucket/runs/r1/ormas"
+    assert RecordStore.for_run(RunConfig(name="r1"), record_dir=tmp_path / "mine").root == str(tmp_path / "mine")
+    with pytest.raises(RecordStorageError, match="pyarrow cannot open the storage URI 'nosuch://x'"):
+        RecordStore.at("nosuch://x")
+
+
+def test_unwritable_storage_fails_on_the_driver_naming_path_and_reason(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RecordStorageError) as e:
+        RayOrmasTrainer(lambda: None, run_config=RunConfig(name="r1", storage_path=str(blocker / "runs")))
+    assert f"cannot write the ormas record to {blocker}/runs/r1/ormas" in str(e.value)
+    assert "storage_path" in str(e.value) and ("Not a directory" in str(e.value) or "exists" in str(e.value))
+    with pytest.raises(RecordStorageError, match="cannot write the ormas record"):
+        RayOrmasTrainer(lambda: None, record_dir=blocker)
+    assert blocker.read_text() == "not a folder" and list(tmp_path.iterdir()) == [blocker]
+
+
+def test_diary_tail_ignores_a_line_cut_short():
+    lines = [{"seq": 0, "event": "run_start", "hash": "a" * 64}, {"seq": 1, "event": "alarm", "hash": "b" * 64}]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    assert diary_tail(data) == {"events": 2, "last_hash": "b" * 64, "complete": False}
+    assert diary_tail(data + b'{"seq": 2, "event": "run_end", "ha') == diary_tail(data)
+    ended = data + json.dumps({"seq": 2, "event": "run_end", "hash": "c" * 64}).encode()
+    assert diary_tail(ended) == {"events": 3, "last_hash": "c" * 64, "complete": True}
+    assert diary_tail(None) == {"events": 0, "last_hash": None, "complete": False}
 
 
 def test_parameter_digest_sees_a_single_bit():

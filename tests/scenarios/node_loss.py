@@ -1,0 +1,84 @@
+"""Node loss on a simulated multi-node cluster: `python -m tests.scenarios.node_loss STORAGE OUT_JSON [MODE]`.
+
+`ray.cluster_utils.Cluster` starts a head node (the driver, Ray Train's controller and the run
+ledger) and one worker node that hosts both training workers. Once the first checkpoint is in
+storage, the worker node is removed (its raylet and every process on it die, rank 0 included)
+and a fresh node is added; Ray Train restarts the worker group there from the checkpoint. The
+outcome goes to OUT_JSON for tests/test_node_loss.py to check. `Cluster.add_node` works only from
+the main thread, so `fit()` runs in a background thread. The cluster is always shut down.
+
+MODE "no-replacement": no node is added. With `FailureConfig(controller_failure_limit=1)` and
+`RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=5`, the run must fail after about two startup timeouts
+instead of waiting for a node forever (Ray's default limit is unlimited).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+from ray_ormas import RayOrmasTrainer
+from tests.loops import resume_loop
+
+WORKER_NODE = {"num_cpus": 2, "resources": {"train_slot": 2}}
+
+
+def main(storage: str, out: str, mode: str = "replace") -> None:
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    replace = mode == "replace"
+    if not replace:
+        os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "5"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        first = cluster.add_node(**WORKER_NODE)
+        ray.init(address=cluster.address, log_to_driver=False)
+        trainer = RayOrmasTrainer(
+            resume_loop, train_loop_config={"epochs": 5, "sleep_per_step": 0.25}, check_every=3, verbose=False,
+            mlflow=False, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "train_slot": 1}),
+            run_config=RunConfig(name="node-loss", storage_path=storage,
+                                 failure_config=FailureConfig(max_failures=1,
+                                                              controller_failure_limit=-1 if replace else 1)))
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result = trainer.fit()
+                outcome.update(return_value=result.return_value, final=result.ormas.final,
+                               worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
+                               digests=result.ormas.digests()[-1])
+            except BaseException as e:          # reported to the test, which fails on it
+                outcome["error"] = f"{type(e).__name__}: {e}"
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        run_dir = Path(storage) / "node-loss"
+        deadline = time.monotonic() + 180
+
+        def checkpoints() -> list[Path]:
+            return [p for p in run_dir.glob("checkpoint_*") if p.is_dir()]
+        while not checkpoints() and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.2)
+        outcome["checkpoints_before_loss"] = len(checkpoints())
+        cluster.remove_node(first, allow_graceful=False)
+        lost_at = time.monotonic()
+        if replace:
+            cluster.add_node(**WORKER_NODE)
+        thread.join(timeout=300)
+        outcome["seconds_after_loss"] = round(time.monotonic() - lost_at, 1)
+        outcome["finished"] = not thread.is_alive()
+        Path(out).write_text(json.dumps(outcome, default=str))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

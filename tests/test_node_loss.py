@@ -1,0 +1,71 @@
+"""Losing the node that hosts the workers (rank 0 included) mid-run: the run completes on a fresh
+node from its last checkpoint, and the record in storage is complete and linked. The scenario
+runs its own simulated multi-node cluster in a subprocess (tests/scenarios/node_loss.py), so
+the session's Ray cluster is untouched; the subprocess's process group is killed if it hangs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pytest
+from ormas_monitor.record import verify_run
+
+from ray_ormas import open_records
+
+from .conftest import ROOT
+
+
+def scenario(storage, out, mode: str) -> tuple[dict, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.scenarios.node_loss", str(storage), str(out), mode],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=380)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail(f"the node-loss scenario hung:\n{log[-4000:]}")
+    assert proc.returncode == 0 and out.is_file(), log[-4000:]
+    return json.loads(out.read_text()), log
+
+
+@pytest.mark.timeout(420)
+def test_losing_the_workers_node_mid_run_ends_in_a_completed_run_and_complete_records(tmp_path):
+    storage = tmp_path / "runs"
+    outcome, log = scenario(storage, tmp_path / "outcome.json", "replace")
+    assert "error" not in outcome and outcome["finished"], log[-4000:]
+    assert outcome["checkpoints_before_loss"] >= 1
+    assert outcome["return_value"]["step"] == 5 * 8 and outcome["return_value"]["resumed_from_epoch"] is not None
+    assert len(set(outcome["digests"])) == 1 and outcome["worker_errors"]
+
+    records = open_records(storage / "node-loss")
+    first, second = records.segments()
+    assert second.complete and verify_run(second.path).ok
+    # The lost attempt's segment: cut off (no run_end), or closed by rank 0 with the error its
+    # collective raised when the other rank died first; which one depends on who dies first.
+    last = json.loads(records.events().filter(pc.equal(records.events()["segment"], 0))["line"][-1].as_py())
+    assert not first.complete or "error" in last, last
+    assert second.link["previous"]["segment"] == "segment-000" and second.link["attempt"] == 1
+    resumed_step = second.link["step_offset"]
+    assert resumed_step == 8 * (outcome["return_value"]["resumed_from_epoch"] + 1)
+    metrics = records.metrics()
+    by_segment = list(zip(metrics.column("segment").to_pylist(), metrics.column("run_step").to_pylist()))
+    lost = [step for segment, step in by_segment if segment == 0]
+    assert set(range(0, resumed_step, 3)) <= set(lost)        # nothing up to the checkpoint is missing
+    assert [step for segment, step in by_segment if segment == 1] == list(range(resumed_step, 40, 3))
+
+
+@pytest.mark.timeout(420)
+def test_without_a_replacement_node_the_wait_is_bounded_by_the_controller_failure_limit(tmp_path):
+    storage = tmp_path / "runs"
+    outcome, log = scenario(storage, tmp_path / "outcome.json", "no-replacement")
+    assert outcome["finished"], log[-4000:]
+    assert outcome["error"].startswith("ControllerError") and "worker group startup timed out" in outcome["error"]
+    assert outcome["seconds_after_loss"] < 120
+    first = open_records(storage / "node-loss").segments()[0]       # the lost node's record is in storage
+    assert not first.complete and first.events > 0

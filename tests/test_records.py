@@ -1,0 +1,127 @@
+"""Reading records back (Arrow tables, Parquet, rebuilt reports, `ray-ormas report/export`) from
+records a real ormas-monitor `Monitor` wrote into claimed segments, on a local and a non-local
+pyarrow filesystem. No Ray workers: the Ray-run records are read back in test_fault_tolerance.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+from ormas_monitor import Monitor
+from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
+
+from ray_ormas import RecordStorageError, open_records
+from ray_ormas.compat import flush_metrics
+from ray_ormas.demo import DigitsCNN, load_digits
+from ray_ormas.segments import segment_link
+from ray_ormas.storage import RecordStore
+
+
+def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
+    """A monitored run of `steps` steps in a newly claimed segment; unclosed = a crashed attempt."""
+    torch.manual_seed(attempt)
+    x, y, _, _ = load_digits(0)
+    net = DigitsCNN()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    resumed = {"checkpoint": "ckpt-1", "record": {"model": {"run_steps": 20}}} if attempt else None
+    link = segment_link(store, "model", run_name="r", fit_id="f", attempt=attempt, world_size=1, resumed_from=resumed)
+    path, local = store.claim_segment("model", link)
+    mon = Monitor(net, opt, out=local, check_every=5, verbose=False)
+    for step in range(steps):
+        loss = F.cross_entropy(net(x[step * 16:(step + 1) * 16]), y[step * 16:(step + 1) * 16])
+        opt.zero_grad()
+        loss.backward()
+        mon.step(loss)
+        opt.step()
+    if close:
+        mon.close()
+    else:
+        assert flush_metrics(mon)
+        with open(local / "metrics.jsonl", "a") as f:
+            f.write('{"step": 999, "lo')            # a row cut short by the crash
+    store.upload(local, path)
+    return path
+
+
+@pytest.fixture(params=["local", "subtree"])
+def two_segments(request, tmp_path):
+    if request.param == "local":
+        store = RecordStore.at(tmp_path / "runs" / "r" / "ormas")
+    else:
+        (tmp_path / "bucket").mkdir()
+        store = RecordStore(SubTreeFileSystem(str(tmp_path / "bucket"), LocalFileSystem()), "runs/r/ormas")
+    crashed = _train(store, 22, close=False, attempt=0)
+    _train(store, 15, close=True, attempt=1)
+    return store, crashed
+
+
+def test_segments_are_linked_and_tables_span_them(two_segments):
+    store, crashed = two_segments
+    records = open_records(store.root.removesuffix("/ormas"), store.filesystem)   # the run folder works too
+    first, second = records.segments()
+    assert (first.index, first.complete, second.index, second.complete) == (0, False, 1, True)
+    assert first.link["previous"] is None
+    prev = second.link["previous"]
+    lines = [json.loads(x) for x in store.read_bytes(f"{crashed}/diary.jsonl").splitlines()]
+    assert prev == {"segment": "segment-000", "last_hash": lines[-1]["hash"], "events": len(lines), "complete": False}
+    assert second.link["step_offset"] == 20 and second.link["resumed_from"]["checkpoint"] == "ckpt-1"
+
+    metrics = records.metrics()
+    assert metrics.column("segment").to_pylist() == [0] * 5 + [1] * 3       # checks at 0,5,..,20 then 0,5,10
+    assert metrics.column("step").to_pylist() == [0, 5, 10, 15, 20, 0, 5, 10]
+    assert metrics.column("run_step").to_pylist() == [0, 5, 10, 15, 20, 20, 25, 30]
+    assert all(isinstance(v, float) for v in metrics.column("loss").to_pylist())
+    grads = dict(metrics.column("grad")[0].as_py())
+    assert set(grads) >= {"conv1.0", "conv2.0", "conv3.0"}
+
+    events = records.events()
+    assert events.num_rows == first.events + second.events
+    kinds = events.column("event").to_pylist()
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and kinds.count("run_end") == 1
+
+
+def test_parquet_and_rebuilt_reports(two_segments, tmp_path):
+    store, _ = two_segments
+    records = open_records(store.root, store.filesystem)
+    paths = records.write_parquet(tmp_path / "pq")
+    assert pq.read_table(paths["metrics"]).equals(records.metrics())
+    assert pq.read_table(paths["events"]).num_rows == records.events().num_rows
+    done = records.rebuild_reports(tmp_path / "reports")
+    assert [r.verified for r in done] == [True, True]        # the crashed one fails nothing but its run_end
+    assert any("no run_end" in p for p in done[0].problems) and done[1].problems == []
+    for r in done:
+        assert r.reports["report"].is_file() and r.reports["report"].parent == r.local_dir
+
+
+def test_report_and_export_commands(tmp_path):
+    store = RecordStore.at(tmp_path / "runs" / "r" / "ormas")
+    _train(store, 11, close=False, attempt=0)
+    _train(store, 6, close=True, attempt=1)
+    run = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "report", str(tmp_path / "runs" / "r"),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "model/segment-000  attempt 0" in run.stdout and "incomplete (no run_end" in run.stdout
+    assert "model/segment-001  attempt 1" in run.stdout and run.stdout.count("verified") == 2
+    assert (tmp_path / "out" / "model" / "segment-001" / "report.html").is_file()
+    run = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "export", f"file://{tmp_path}/runs/r",
+                          "--out", str(tmp_path / "pq")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert pq.read_table(tmp_path / "pq" / "metrics.parquet").num_rows == 3 + 2
+    bad = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "report", str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no ray-ormas record under" in bad.stderr
+
+
+def test_a_tampered_segment_fails_the_report(tmp_path):
+    store = RecordStore.at(tmp_path / "ormas")
+    path = _train(store, 6, close=True, attempt=0)
+    diary = tmp_path / "ormas" / "model" / "segment-000" / "diary.jsonl"
+    diary.write_text(diary.read_text().replace('"run_start"', '"run_start", "edited": 1', 1))
+    done = open_records(tmp_path / "ormas").rebuild_reports(tmp_path / "out")
+    assert not done[0].verified and any("hash chain" in p for p in done[0].problems), path
+    with pytest.raises(RecordStorageError, match="no ray-ormas record"):
+        open_records(tmp_path / "out" / "elsewhere")
