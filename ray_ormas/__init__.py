@@ -9,13 +9,14 @@ restore on every rank; `ray_ormas.open_records(uri)` reads a run's records back 
 from importlib.metadata import PackageNotFoundError, version
 
 from .checkpointing import TrainState, load_checkpoint, save_checkpoint
-from .config import MonitorSettings
+from .config import BatchSize, MonitorSettings
 from .ledger import RankMismatchError, RankSyncTimeoutError
 from .records import RunRecords, Segment, open_records
 from .storage import RecordStorageError, RecordStore
+from .strategies import epochs, no_sync
 from .tracking import MLflowSettings
 from .trainer import OrmasRun, RayOrmasResult, RayOrmasTrainer
-from .worker import WorkerMonitor, monitor, prepare_model, report
+from .worker import WorkerMonitor, batch_size, monitor, prepare_model, report
 
 try:
     __version__ = version("ray-ormas")
@@ -23,6 +24,7 @@ except PackageNotFoundError:      # running from a source tree that was not inst
     __version__ = "0+unknown"
 
 __all__ = [
+    "BatchSize",
     "MLflowSettings",
     "MonitorSettings",
     "OrmasRun",
@@ -37,8 +39,11 @@ __all__ = [
     "TrainState",
     "WorkerMonitor",
     "__version__",
+    "batch_size",
+    "epochs",
     "load_checkpoint",
     "monitor",
+    "no_sync",
     "open_records",
     "prepare_model",
     "report",

@@ -120,3 +120,53 @@ class MonitorSettings:
         return {"repair": self.repair, "config": self.config.to_dict(),
                 "layers": list(self.layers) if self.layers is not None else None, "verbose": self.verbose,
                 "report_every": self.report_every, "sync_timeout_s": self.sync_timeout_s}
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """What a batch size means, said once (seed 003's per-rank vs global question).
+
+    Args:
+        size: the batch size, per rank or global as `per` says.
+        per: "rank" (each rank loads `size` samples per micro-batch) or "global" (the whole
+            optimizer step sees `size` samples: split over ranks and accumulation steps).
+        accumulation: micro-batches per optimizer step (gradient accumulation), >= 1.
+
+    The trainer checks it against `ScalingConfig.num_workers` on the driver: a global size that
+    does not split evenly is refused there. Inside the loop, `ray_ormas.batch_size()` is the
+    per-rank micro-batch size; the effective batch (samples per optimizer step over all ranks)
+    goes to MLflow params, every segment's `segment.json` and the reports (`ormas/effective_batch`).
+    """
+
+    size: int
+    per: Literal["rank", "global"] = "rank"
+    accumulation: int = 1
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.size) or self.size < 1:
+            raise ValueError(f"BatchSize.size must be an int >= 1, got {self.size!r}")
+        if self.per not in ("rank", "global"):
+            raise ValueError(f"BatchSize.per must be 'rank' or 'global', got {self.per!r}")
+        if not _is_int(self.accumulation) or self.accumulation < 1:
+            raise ValueError(f"BatchSize.accumulation must be an int >= 1 (micro-batches per optimizer step), "
+                             f"got {self.accumulation!r}")
+
+    def per_rank(self, world_size: int) -> int:
+        """Samples each rank loads per micro-batch; a global size must split evenly."""
+        if self.per == "rank":
+            return self.size
+        parts = world_size * self.accumulation
+        if self.size % parts:
+            lower, upper = self.size // parts * parts, -(-self.size // parts) * parts
+            raise ValueError(f"a global batch of {self.size} does not split evenly over {world_size} workers x "
+                             f"{self.accumulation} accumulation steps ({parts} micro-batches per optimizer step): "
+                             f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change num_workers")
+        return self.size // parts
+
+    def effective(self, world_size: int) -> int:
+        """Samples per optimizer step, over every rank."""
+        return self.per_rank(world_size) * world_size * self.accumulation
+
+    def to_dict(self, world_size: int) -> dict[str, Any]:
+        return {"size": self.size, "per": self.per, "accumulation": self.accumulation,
+                "per_rank": self.per_rank(world_size), "effective": self.effective(world_size)}

@@ -7,6 +7,7 @@ turns them into flat `ormas/...` keys for `ray.train.report`.
 
 `rank_facts` is what every rank adds: its rank, the loss it last gave the monitor, and a digest
 of its parameters, so a reader can see that DDP replicas (and repairs) stayed identical.
+Under FSDP2 each rank digests its own shards, so the digests differ between ranks by design.
 `parameter_digest` is computed on the parameters' device with one host read: per parameter, two
 int64 checksums of the raw bits (plain and position-weighted), then sha256 over names, shapes
 and checksums. Any bit that differs between two replicas changes it (barring a checksum
@@ -102,6 +103,8 @@ def parameter_digest(model: nn.Module) -> str:
     names, sums = [], []
     for name, p in model.named_parameters():
         t = p.detach()
+        if callable(getattr(t, "to_local", None)):     # FSDP2 (DTensor): this rank's shard
+            t = t.to_local()
         if t.is_complex():
             t = torch.view_as_real(t)
         t = t.contiguous().reshape(-1)

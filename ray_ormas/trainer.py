@@ -37,7 +37,8 @@ from ray.train import Result, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, MonitorSettings, RepairMode, check_strategy
+from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
+                     check_strategy)
 from .ledger import LedgerCallback, RunLedger
 from .records import RunRecords
 from .storage import RecordStore, resolve
@@ -110,7 +111,13 @@ class RayOrmasTrainer:
         record_dir: where the record persists, a local path or a URI pyarrow can open. Default:
             `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
             beside Ray's checkpoints. Checked for writing here, before anything starts.
-        strategy: "ddp" or "fsdp" (`ray.train.torch.prepare_model`'s parallel strategy).
+        strategy: "ddp" (DistributedDataParallel) or "fsdp" (FSDP2 `fully_shard`, on CPU and GPU);
+            see strategies.py and docs/strategies.md.
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm before DDP wraps the model
+            (needs GPU workers: torch refuses SyncBatchNorm on CPU).
+        batch: a `ray_ormas.BatchSize` saying whether the batch size is per rank or global (and
+            the accumulation steps); checked here against num_workers, read in the loop with
+            `ray_ormas.batch_size()`, the effective batch recorded.
         mlflow: True (default: track in MLflow with `MLflowSettings()`: `MLFLOW_TRACKING_URI`, else
             an embedded store in the run directory), an `MLflowSettings`, or False (no tracking).
         scaling_config, run_config, torch_config, datasets: as for `TorchTrainer`.
@@ -127,6 +134,8 @@ class RayOrmasTrainer:
                  sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
                  record_dir: str | os.PathLike | None = None,
                  strategy: str = "ddp",
+                 sync_batchnorm: bool = False,
+                 batch: BatchSize | None = None,
                  mlflow: MLflowSettings | bool = True,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
@@ -149,16 +158,25 @@ class RayOrmasTrainer:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"ScalingConfig.num_workers must be a fixed int >= 1 for RayOrmasTrainer (elastic "
                              f"ranges are not supported yet), got {workers!r}")
-        if self.strategy == "fsdp":
-            if self.settings.repair:
-                raise ValueError("repair is not possible with strategy='fsdp': FSDP shards and flattens the "
-                                 "parameters, so whole filters can be neither read nor rewritten (ormas-monitor "
-                                 "refuses it once the model is wrapped). Use repair=False: gradient alarms, loss "
-                                 "checks and the record still work; or strategy='ddp' to repair")
-            if not self.scaling_config.use_gpu:
-                raise ValueError("strategy='fsdp' needs GPU workers here: Ray's prepare_model refuses FSDP without "
-                                 "CUDA ('FSDP is only available with GPU-enabled training'). Set "
-                                 "ScalingConfig(use_gpu=True), or use strategy='ddp' on CPU")
+        if self.strategy == "fsdp" and self.settings.repair:
+            raise ValueError("repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
+                             "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
+                             "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
+                             "work; or strategy='ddp' to repair")
+        if not isinstance(sync_batchnorm, bool):
+            raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
+        if sync_batchnorm and self.strategy != "ddp":
+            raise ValueError("sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
+                             "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself")
+        if sync_batchnorm and not self.scaling_config.use_gpu:
+            raise ValueError("sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU ('SyncBatchNorm "
+                             "layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), or leave "
+                             "sync_batchnorm=False on CPU")
+        self.sync_batchnorm = sync_batchnorm
+        if batch is not None and not isinstance(batch, BatchSize):
+            raise TypeError(f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
+                            f"got {type(batch).__name__}")
+        self.batch = batch.to_dict(workers) if batch is not None else None      # refuses an uneven split
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
@@ -187,7 +205,8 @@ class RayOrmasTrainer:
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
                           run_name=self.run_config.name, fit_id=uuid.uuid4().hex, ledger=ledger,
-                          tracking=tracker.target if tracker is not None else None)
+                          tracking=tracker.target if tracker is not None else None,
+                          sync_batchnorm=self.sync_batchnorm, batch=self.batch)
         run_config = dataclasses.replace(self.run_config,
                                          callbacks=[*(self.run_config.callbacks or []), LedgerCallback(ledger)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
@@ -222,7 +241,7 @@ class RayOrmasTrainer:
         run_dir = os.path.join(base, rc.name) if isinstance(fs, pafs.LocalFileSystem) else None
         sc = self.scaling_config
         params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
-                  "strategy": self.strategy,
+                  "strategy": self.strategy, "sync_batchnorm": self.sync_batchnorm, "batch": self.batch or {},
                   "scaling": {"num_workers": sc.num_workers, "use_gpu": sc.use_gpu,
                               "resources_per_worker": sc.resources_per_worker or {}},
                   "ray_run_name": rc.name}

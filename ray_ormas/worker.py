@@ -41,17 +41,17 @@ from typing import Any, Callable, Sequence
 
 import ray
 import ray.train
-import ray.train.torch
 import torch
 import torch.nn as nn
-from ormas_monitor import Monitor
+from ormas_monitor.integrations._common import LossWindow
 
-from .compat import flush_metrics
+from .compat import flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .ledger import RANK_KEY, Arrival, meet
 from .reporting import RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .storage import RecordStore
+from .strategies import prepare
 from .tracking import TrackingSink, TrackingTarget
 
 _SESSION: WorkerSession | None = None
@@ -69,6 +69,8 @@ class WorkerPlan:
     fit_id: str
     ledger: Any
     tracking: TrackingTarget | None = None
+    sync_batchnorm: bool = False
+    batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
 
 
 def _session(what: str) -> WorkerSession:
@@ -81,11 +83,24 @@ def _session(what: str) -> WorkerSession:
 
 def prepare_model(model: nn.Module, *, move_to_device: bool | torch.device = True,
                   parallel_strategy_kwargs: dict[str, Any] | None = None) -> nn.Module:
-    """`ray.train.torch.prepare_model` with the trainer's strategy ("ddp" or "fsdp")."""
-    session = _session("prepare_model")
-    return ray.train.torch.prepare_model(model, move_to_device=move_to_device,
-                                         parallel_strategy=session.plan.strategy,
-                                         parallel_strategy_kwargs=parallel_strategy_kwargs)
+    """Wrap the model for the trainer's strategy: DDP (Ray's `prepare_model`, after SyncBatchNorm
+    conversion if the trainer has `sync_batchnorm=True`) or FSDP2 (`fully_shard`). Call it once
+    per independently stepped model (a GAN: once for the generator, once for the discriminator).
+
+    `parallel_strategy_kwargs` go to DDP (e.g. `{"static_graph": True}`) or to `fully_shard`
+    (plus `"shard_modules"`: fnmatch patterns of the submodules to shard on their own)."""
+    plan = _session("prepare_model").plan
+    return prepare(model, plan.strategy, move_to_device=move_to_device,
+                   parallel_strategy_kwargs=parallel_strategy_kwargs, sync_batchnorm=plan.sync_batchnorm)
+
+
+def batch_size() -> int:
+    """This rank's micro-batch size, from the trainer's `batch=ray_ormas.BatchSize(...)`."""
+    batch = _session("batch_size").plan.batch
+    if batch is None:
+        raise RuntimeError("ray_ormas.batch_size() needs RayOrmasTrainer(batch=ray_ormas.BatchSize(size, per='rank' "
+                           "or 'global', accumulation=1))")
+    return int(batch["per_rank"])
 
 
 def monitor(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, name: str = DEFAULT_MONITOR_NAME,
@@ -129,6 +144,7 @@ class WorkerMonitor:
         self._primary = not session.monitors
         self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
         self._last_loss: torch.Tensor | float | None = None
+        self._window = LossWindow()         # micro-step losses of the current optimizer step
         self._closed = False
         self._report_path: Path | None = None
         self._upload_failed = False
@@ -141,14 +157,15 @@ class WorkerMonitor:
             link = segment_link(plan.store, name, run_name=plan.run_name, fit_id=plan.fit_id,
                                 attempt=session.attempt, world_size=session.world_size,
                                 resumed_from=session.resumed_from())
+            link.update(strategy=plan.strategy, batch=plan.batch)
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
         self.tracker = _tracking_sink(plan.tracking, self._prefix.rstrip("/")) if session.rank == 0 else None
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         try:
-            self.monitor = Monitor(model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
-                                   name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler,
-                                   **plan.settings.monitor_kwargs())
+            self.monitor = monitor_class(model)(
+                model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
+                name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler, **plan.settings.monitor_kwargs())
         except BaseException:
             self._release_segment()
             raise
@@ -160,9 +177,20 @@ class WorkerMonitor:
         """Optimizer steps seen so far."""
         return self.monitor.step_count
 
+    def micro_step(self, loss: torch.Tensor | float) -> None:
+        """With gradient accumulation: the loss of one micro-batch, as computed (before dividing
+        by the accumulation steps). The next `step()` without a loss records the window's mean,
+        the objective whose gradient the optimizer step applies. No host sync."""
+        self._window.add(loss)
+
     def step(self, loss: torch.Tensor | float | None = None) -> None:
-        """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`."""
+        """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`. With
+        gradient accumulation, after the last micro-step's backward, without a loss."""
         checks = self.monitor.checks
+        if loss is None:
+            loss = self._window.take(mean=True, keep_graph=self.monitor.step_count == 0)
+        else:
+            self._window.take(mean=True)
         self.monitor.step(loss)
         if loss is not None:
             self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
@@ -301,6 +329,8 @@ class WorkerSession:
     def _metrics(self, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {RANK_KEY: self.rank, "ormas/world_size": self.world_size,
                                "ormas/report_index": self.reports, "ormas/kind": kind}
+        if self.plan.batch is not None:
+            out["ormas/effective_batch"] = self.plan.batch["effective"]
         for mon in self.monitors.values():
             try:
                 out.update(mon.metrics())

@@ -23,8 +23,9 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     checkpoint (those reports carry a checkpoint), raise_at (step at which rank `raise_rank`
     raises ValueError), fail_once_marker (rank 0 raises at step 5 unless this file exists, and
     creates it: a failure in the first attempt only), kill_server_at / server_pgid (rank 0 kills
-    that process group at that step), sleep_per_step, no_optimizer (monitor without the optimizer), close_in_loop (close the
-    monitor inside the loop and check what close() returns on each rank).
+    that process group at that step), sleep_per_step, no_optimizer (monitor without the optimizer),
+    close_in_loop (close the monitor inside the loop and check what close() returns on each rank),
+    explode_at (from that step on the loss is multiplied by 10^4: exploding-gradient alarms).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -55,6 +56,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError("injected failure")
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
+        if step >= config.get("explode_at", 1 << 30):
+            loss = loss * 1e4                               # gradients 10^4 x their baseline: alarms
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
@@ -139,3 +142,179 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
             with fs.open_input_stream(config["storage_check"]) as f:
                 persisted.append(f.read().count(b"\n"))
     return {"step": step, "resumed_from_epoch": state.epoch if state else None, "persisted_lines": persisted}
+
+
+class TinyTransformer(torch.nn.Module):
+    """Token embedding, two TransformerEncoder layers, a linear head: next-token prediction."""
+
+    def __init__(self, vocab: int = 32, dim: int = 32) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        layer = torch.nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2 training of TinyTransformer on a synthetic sequence task. At step `probe_step` every
+    rank gathers the full gradients (a collective) so rank 0 can return the true global norm of
+    each layer, to compare with what the monitor recorded. From `explode_at` on, the loss is
+    multiplied by 10^4, so the gradient alarms must fire."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank = ray.train.get_context().get_world_rank()
+    model = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs=config.get("fsdp_kwargs"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = ray_ormas.monitor(model, opt)
+    gen = torch.Generator().manual_seed(rank)
+    reference: dict[str, float] = {}
+    for step in range(config.get("steps", 12)):
+        start = torch.randint(0, 32, (16, 1), generator=gen)
+        seq = (start + torch.arange(9)) % 32                  # learnable: each token is the previous + 1
+        logits = model(seq[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 32), seq[:, 1:].reshape(-1))
+        if step >= config.get("explode_at", 1 << 30):
+            loss = loss * 1e4                                 # gradients 10^4 x their baseline: alarms
+        opt.zero_grad()
+        loss.backward()
+        if step == config.get("probe_step"):
+            for name, module in model.named_modules():
+                grads = [p.grad.full_tensor() for p in module.parameters(recurse=False) if p.grad is not None]
+                if grads:
+                    reference[name] = float(torch.sqrt(sum(g.float().norm() ** 2 for g in grads)))
+        mon.step(loss)
+        opt.step()
+    is_dtensor = all(hasattr(p, "placements") for p in model.parameters())
+    return {"reference": reference, "dtensor_params": is_dtensor, "monitor_class": type(mon.monitor).__name__}
+
+
+def accumulation_loop(config: dict[str, Any]) -> None:
+    """DDP with gradient accumulation: `accumulation` micro-batches per optimizer step, the
+    all-reduce skipped on all but the last (ray_ormas.no_sync), losses given with micro_step.
+    Every rank writes what it saw to `out_dir/rank<r>.json`."""
+    import json
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    k = config["accumulation"]
+    x, y, _, _ = load_digits(0)
+    x, y = x[rank::world], y[rank::world]
+    model = ray_ormas.prepare_model(DigitsCNN())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    mon = ray_ormas.monitor(model, opt)
+    per_rank = ray_ormas.batch_size()
+    seen: dict[str, Any] = {"per_rank_batch": per_rank, "optimizer_steps": 0, "window_means": [],
+                            "grad_after_micro": None, "grad_after_sync": None}
+    losses = []
+    for i in range(config["micro_batches"]):
+        last = (i + 1) % k == 0
+        xb, yb = x[i * per_rank:(i + 1) * per_rank], y[i * per_rank:(i + 1) * per_rank]
+        with ray_ormas.no_sync(model, active=not last):
+            loss = F.cross_entropy(model(xb), yb)
+            (loss / k).backward()
+        mon.micro_step(loss)
+        losses.append(float(loss))
+        if i == 0:
+            seen["grad_after_micro"] = float(model.module.head.weight.grad.sum())
+        if last:
+            if seen["grad_after_sync"] is None:
+                seen["grad_after_sync"] = float(model.module.head.weight.grad.sum())
+            seen["window_means"].append(sum(losses[-k:]) / k)
+            mon.step()
+            opt.step()
+            opt.zero_grad()
+            seen["optimizer_steps"] += 1
+    seen["monitor_steps"] = mon.steps
+    with open(os.path.join(config["out_dir"], f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+def amp_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """bf16 autocast on CPU with a GradScaler given to the monitor. At `overflow_at` every rank
+    makes one gradient infinite after backward: the scaler skips that step, and the monitor must
+    record it as a skipped step, not as an alarm."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank = ray.train.get_context().get_world_rank()
+    x, y, _, _ = load_digits(0)
+    model = ray_ormas.prepare_model(DigitsCNN())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    mon = ray_ormas.monitor(model, opt, scaler=scaler)
+    dtypes = set()
+    scales = []
+    for step in range(config.get("steps", 12)):
+        idx = slice((step * 32 + rank * 16) % 1400, (step * 32 + rank * 16) % 1400 + 32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x[idx])
+            dtypes.add(str(out.dtype))
+            loss = F.cross_entropy(out.float(), y[idx])
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        if step == config.get("overflow_at"):
+            with torch.no_grad():
+                model.module.head.weight.grad[0, 0] = float("inf")
+        mon.step(loss)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return {"dtypes": sorted(dtypes), "scales": scales}
+
+
+def gan_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """A small GAN on 8x8 digits: generator and discriminator wrapped on their own (two DDP
+    models), each with its own optimizer and its own monitor ("generator", "discriminator")."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank = ray.train.get_context().get_world_rank()
+    x, _, _, _ = load_digits(0)
+    real_all = x.reshape(len(x), -1) * 2 - 1
+    gen = ray_ormas.prepare_model(torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh()))
+    disc = ray_ormas.prepare_model(torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 1)))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    mon_g = ray_ormas.monitor(gen, opt_g, name="generator")
+    mon_d = ray_ormas.monitor(disc, opt_d, name="discriminator")
+    bce = torch.nn.BCEWithLogitsLoss()
+    noise = torch.Generator().manual_seed(rank)
+    for step in range(config.get("steps", 12)):
+        real = real_all[(step * 32 + rank * 16) % 1400:][:32]
+        fake = gen(torch.randn(32, 16, generator=noise))
+        # discriminator: one forward over real and fake together, then its own step
+        logits = disc(torch.cat([real, fake.detach()]))
+        d_loss = bce(logits, torch.cat([torch.ones(32, 1), torch.zeros(32, 1)]))
+        opt_d.zero_grad()
+        d_loss.backward()
+        mon_d.step(d_loss)
+        opt_d.step()
+        # generator: through the discriminator, which is not stepped here
+        g_loss = bce(disc(fake), torch.ones(32, 1))
+        opt_g.zero_grad()
+        g_loss.backward()
+        mon_g.step(g_loss)
+        opt_g.step()
+    return {"generator_steps": mon_g.steps, "discriminator_steps": mon_d.steps}
+
+
+def epochs_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """ray_ormas.epochs over a loader from ray.train.torch.prepare_data_loader (a DistributedSampler
+    with shuffle): the first batch's labels of each epoch, and this rank's batch size."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    _, y, _, _ = load_digits(0)
+    data = TensorDataset(torch.arange(len(y)), y)
+    loader = ray.train.torch.prepare_data_loader(DataLoader(data, batch_size=ray_ormas.batch_size(), shuffle=True))
+    model = ray_ormas.prepare_model(torch.nn.Linear(4, 2))
+    ray_ormas.monitor(model, None)
+    firsts = []
+    for _ in ray_ormas.epochs(loader, 3):
+        firsts.append(next(iter(loader))[0].tolist())
+    return {"first_batches": firsts, "batch_size": ray_ormas.batch_size()}
