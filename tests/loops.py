@@ -318,3 +318,53 @@ def epochs_loop(config: dict[str, Any]) -> dict[str, Any]:
     for _ in ray_ormas.epochs(loader, 3):
         firsts.append(next(iter(loader))[0].tolist())
     return {"first_batches": firsts, "batch_size": ray_ormas.batch_size()}
+
+
+def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2: train, save_checkpoint (a gather on every rank), load it into a freshly initialised
+    sharded model on every rank, then step both identically: they must stay bit-identical."""
+    from ray.train.collective import broadcast_from_rank_zero
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    torch.set_num_threads(1)
+    rank = ray.train.get_context().get_world_rank()
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = torch.randint(0, 32, (16, 1), generator=torch.Generator().manual_seed(1000 * step + rank))
+        seq = (start + torch.arange(9)) % 32
+        return seq[:, :-1], seq[:, 1:]
+
+    def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+        for step in steps:
+            x, y = batch(step)
+            loss = F.cross_entropy(model(x).reshape(-1, 32), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def full(model: torch.nn.Module) -> list[torch.Tensor]:
+        return [p.full_tensor() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model = ray_ormas.prepare_model(TinyTransformer())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ray_ormas.monitor(model, opt)
+    train(model, opt, range(4))
+    ckpt = ray_ormas.save_checkpoint(model, opt, epoch=0, step=4)
+    path = broadcast_from_rank_zero(ckpt.path if ckpt is not None else None)
+    torch.manual_seed(123)                                    # a different initialisation
+    fresh = ray_ormas.prepare_model(TinyTransformer())
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    state = ray_ormas.load_checkpoint(fresh, fresh_opt, checkpoint=ray.train.Checkpoint(path))
+    same_params = all(torch.equal(a, b) for a, b in zip(full(model), full(fresh)))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    a, b = get_optimizer_state_dict(model, opt, options=options), get_optimizer_state_dict(fresh, fresh_opt, options=options)
+    same_optimizer = rank != 0 or all(
+        torch.equal(torch.as_tensor(a["state"][k][s]), torch.as_tensor(b["state"][k][s]))
+        for k in a["state"] for s in a["state"][k])
+    train(model, opt, range(4, 8))
+    train(fresh, fresh_opt, range(4, 8))
+    same_after = all(torch.equal(x, y) for x, y in zip(full(model), full(fresh)))
+    saved_keys = sorted(torch.load(f"{path}/state.pt", weights_only=True)["model"]) if rank == 0 else []
+    return {"step": state.step, "same_params": same_params, "same_optimizer": same_optimizer,
+            "same_after_training": same_after, "saved_keys": saved_keys[:3]}

@@ -209,3 +209,11 @@ def test_the_dtensor_workaround_is_on_for_this_ormas_monitor():
     # ormas-monitor 0.2.3 cannot read DTensor gradients; when a release can, this flips and the
     # workaround switches itself off (docs/strategies.md says what then changes).
     assert ormas_reads_dtensor_gradients() is False
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(240)
+def test_fsdp2_checkpoints_save_full_state_and_restore_identically_on_every_rank(storage):
+    out = fit(storage, "fsdp-ckpt", loops.fsdp_checkpoint_loop, strategy="fsdp").return_value
+    assert out["step"] == 4 and out["same_params"] and out["same_optimizer"] and out["same_after_training"]
+    assert out["saved_keys"] == ["embed.weight", "encoder.layers.0.linear1.bias", "encoder.layers.0.linear1.weight"]
