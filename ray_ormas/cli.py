@@ -1,12 +1,15 @@
 """`ray-ormas`: the command line.
 
+    ray-ormas train CONFIG.yaml [--set key=value ...] [--dry-run]   train as the config says
     ray-ormas demo                       the digits demo on a local Ray cluster
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment, from run storage
     ray-ormas export RUN --out DIR       events.parquet and metrics.parquet of every segment
 
-RUN is a run's folder (`<storage_path>/<name>`) or its `ormas` folder: a local path or a URI
-pyarrow can open (`s3://...`, `gs://...`). Exit codes: 0 success, 1 training failed or a record
-failed verification, 2 usage error or unreadable storage.
+`train` starts a local Ray cluster when none is running, and joins the cluster under
+`ray job submit` (Ray sets RAY_ADDRESS for the job). RUN is a run's folder
+(`<storage_path>/<name>`) or its `ormas` folder: a local path or a URI pyarrow can open
+(`s3://...`, `gs://...`). Exit codes: 0 success, 1 training failed or a record failed
+verification, 2 usage, config or storage error.
 """
 from __future__ import annotations
 
@@ -21,6 +24,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ray-ormas", description="Ray Train with ormas-monitor on every rank.")
     p.add_argument("--version", action="version", version=f"ray-ormas {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train as CONFIG.yaml says (locally, or under ray job submit on a cluster)",
+                       description="Train with Ray Train and an ormas monitor on every rank, as CONFIG.yaml says. "
+                                   "Sections: name, model, data (or loop), optimizer, train, strategy, "
+                                   "sync_batchnorm, parallel_kwargs, scaling, monitor, mlflow, storage, failure; "
+                                   "every key is in docs/cli.md. Exit 0: trained; 1: training failed; 2: the "
+                                   "config or a value is wrong (nothing was started).")
+    t.add_argument("config", help="the YAML config file")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set train.epochs=3 --set monitor.repair=true (repeatable; the "
+                        "value is read as YAML)")
+    t.add_argument("--dry-run", action="store_true", help="validate the config and print it resolved; start nothing")
     d = sub.add_parser("demo", help="digits CNN on 2 local Ray workers (DDP): healthy, dead layers watched, repaired")
     d.add_argument("--out", default="ray_ormas_demo", help="run storage folder (default: %(default)s)")
     d.add_argument("--epochs", type=int, default=12, help="training epochs per run (default: %(default)s)")
@@ -44,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "train":
+        from .train_command import train
+        return train(args.config, args.overrides, dry_run=args.dry_run)
     if args.command == "demo":
         from . import demo
         try:

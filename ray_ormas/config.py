@@ -58,6 +58,7 @@ class MonitorSettings:
         config: ormas-monitor's `MonitorConfig` (check_every, patience, repair_seed, ...).
         layers: fnmatch pattern(s) on module names; only matching layers are monitored.
         verbose: rank 0 prints the monitor's events as they happen.
+        progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
         report_every: also call `ray.train.report` every this many checks, on every rank
             (None: only with the user's own `ray_ormas.report` calls and once at the end).
             Each report is a barrier across workers, so keep it off the hot path.
@@ -71,6 +72,7 @@ class MonitorSettings:
     verbose: bool = True
     report_every: int | None = None
     sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.repair is not False and self.repair is not True and self.repair != "all":
@@ -86,8 +88,9 @@ class MonitorSettings:
                 raise ValueError(f"layers must be an fnmatch pattern such as 'conv*' or a non-empty list of them, "
                                  f"got {self.layers!r}")
             object.__setattr__(self, "layers", tuple(layers))
-        if not isinstance(self.verbose, bool):
-            raise TypeError(f"verbose must be True or False, got {self.verbose!r}")
+        for flag in ("verbose", "progress"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if self.report_every is not None and (not _is_int(self.report_every) or self.report_every < 1):
             raise ValueError(f"report_every must be None or an int >= 1 (checks between reports), "
                              f"got {self.report_every!r}")
@@ -99,7 +102,7 @@ class MonitorSettings:
     def build(cls, *, repair: RepairMode = False, check_every: int | None = None,
               monitor_config: MonitorConfig | None = None, layers: str | Sequence[str] | None = None,
               verbose: bool = True, report_every: int | None = None,
-              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S) -> MonitorSettings:
+              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = False) -> MonitorSettings:
         """Settings from the trainer's keyword options; `check_every` overrides the config's."""
         if monitor_config is not None and not isinstance(monitor_config, MonitorConfig):
             raise TypeError(f"monitor_config must be an ormas_monitor.MonitorConfig, got "
@@ -108,7 +111,7 @@ class MonitorSettings:
         if check_every is not None:
             config = config.replace(check_every=check_every)     # MonitorConfig validates it
         return cls(repair=repair, config=config, layers=layers, verbose=verbose,  # type: ignore[arg-type]
-                   report_every=report_every, sync_timeout_s=sync_timeout_s)
+                   report_every=report_every, sync_timeout_s=sync_timeout_s, progress=progress)
 
     def monitor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `ormas_monitor.Monitor`, identical on every rank."""
@@ -119,7 +122,7 @@ class MonitorSettings:
         """Plain dict of every setting (the MonitorConfig as its own dict)."""
         return {"repair": self.repair, "config": self.config.to_dict(),
                 "layers": list(self.layers) if self.layers is not None else None, "verbose": self.verbose,
-                "report_every": self.report_every, "sync_timeout_s": self.sync_timeout_s}
+                "report_every": self.report_every, "sync_timeout_s": self.sync_timeout_s, "progress": self.progress}
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,17 @@
 
 Everything that can be checked without a worker is checked in `__init__`, on the driver, before
 Ray starts anything: the strategy, every monitor option (ormas-monitor's own `MonitorConfig`
-validates the thresholds), `repair` with FSDP, the scaling and run configs, the loop's signature.
+validates the thresholds), `repair` with FSDP, SyncBatchNorm without GPUs, a global batch that
+does not split over the workers, the scaling and run configs, the loop's signature, and that the
+record's storage can be written (storage.py).
 
 Hooks relied on (Ray Train V2):
 
 * `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker.py).
 * `RunConfig.callbacks`: a controller-side `UserCallback` (ledger.py) receives every report's
   per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
-* `RunConfig.name`: always set by Ray's RunConfig, so the record's place is known before launch.
+* `RunConfig.name`, `storage_path`, `storage_filesystem`: the record's place, known before launch
+  (Ray's RunConfig always sets a name).
 * `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
   more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
 """
@@ -104,6 +107,7 @@ class RayOrmasTrainer:
         monitor_config: an `ormas_monitor.MonitorConfig` with every threshold.
         layers: fnmatch pattern(s) on module names; only those layers are monitored.
         verbose: rank 0 prints the monitor's events.
+        progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
         report_every: also report every this many checks (a barrier each time); None: only with
             the loop's own `ray_ormas.report` calls and once at the end.
         sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
@@ -130,6 +134,7 @@ class RayOrmasTrainer:
                  monitor_config: MonitorConfig | None = None,
                  layers: str | Sequence[str] | None = None,
                  verbose: bool = True,
+                 progress: bool = False,
                  report_every: int | None = None,
                  sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
                  record_dir: str | os.PathLike | None = None,
@@ -150,7 +155,7 @@ class RayOrmasTrainer:
         self.strategy = check_strategy(strategy)
         self.settings = MonitorSettings.build(repair=repair, check_every=check_every, monitor_config=monitor_config,
                                               layers=layers, verbose=verbose, report_every=report_every,
-                                              sync_timeout_s=sync_timeout_s)
+                                              sync_timeout_s=sync_timeout_s, progress=progress)
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
             raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")

@@ -24,7 +24,11 @@ Hooks relied on:
   with ray-ormas facts merged in), every `report_every` checks if set, and once when the loop
   returns. Never with a checkpoint of its own, so `Result.metrics` and checkpoint retention stay
   the user's. Every call is preceded by a meeting at the ledger, so uneven ranks raise instead
-  of hanging.
+  of hanging. When some rank reports a checkpoint, rank 0 first persists its record segments to
+  the run's storage (storage.py) and adds the record pointer to its checkpoint's metadata
+  (`Checkpoint.update_metadata`, see segments.py).
+* `ray.train.get_checkpoint`: on rank 0, the checkpoint an attempt resumes from, whose record
+  pointer links the new segment to the old.
 
 When the loop raises, every monitor on the rank is closed while the exception propagates (the
 record's `run_end` carries the error) and the exception is re-raised unchanged.
@@ -48,7 +52,7 @@ from ormas_monitor.integrations._common import LossWindow
 from .compat import flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .ledger import RANK_KEY, Arrival, meet
-from .reporting import RecordBuffer, rank0_metrics, rank_facts
+from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .storage import RecordStore
 from .strategies import prepare
@@ -162,6 +166,8 @@ class WorkerMonitor:
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
         self.tracker = _tracking_sink(plan.tracking, self._prefix.rstrip("/")) if session.rank == 0 else None
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
+        if plan.settings.progress and session.rank == 0:
+            own.append(ProgressPrinter(name))
         try:
             self.monitor = monitor_class(model)(
                 model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
@@ -220,7 +226,6 @@ class WorkerMonitor:
                 "metrics_rows": self.buffer.rows_written, "steps": steps, "run_steps": self.step_offset + steps}
 
     def _upload_error(self, e: Exception) -> None:
-        self.buffer.record_errors += 1
         error = f"{type(e).__name__}: {e}"
         where = self._session.plan.store.shown(self.segment_path)
         if not self._upload_failed:
@@ -229,8 +234,10 @@ class WorkerMonitor:
                   f"at the next checkpoint and at the end", file=sys.stderr, flush=True)
         self._upload_failed = True
         diary = self.monitor.diary
-        if not self._closed and diary is not None:
+        if not self._closed and diary is not None:       # the buffer counts it as a record error
             self.buffer("event", diary.write("sink_error", sink=f"ray-ormas upload to {where}", error=error))
+        else:
+            self.buffer.record_errors += 1
 
     def _release_segment(self) -> None:
         """Give back a claimed segment the monitor never started writing (its constructor raised)."""

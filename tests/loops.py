@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import ray_ormas
+from examples.transformer import TinyTransformer
 from ray_ormas.demo import DigitsCNN, lesion, load_digits
 
 
@@ -142,20 +143,6 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
             with fs.open_input_stream(config["storage_check"]) as f:
                 persisted.append(f.read().count(b"\n"))
     return {"step": step, "resumed_from_epoch": state.epoch if state else None, "persisted_lines": persisted}
-
-
-class TinyTransformer(torch.nn.Module):
-    """Token embedding, two TransformerEncoder layers, a linear head: next-token prediction."""
-
-    def __init__(self, vocab: int = 32, dim: int = 32) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, dim)
-        layer = torch.nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
-        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.head = torch.nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)))
 
 
 def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
@@ -368,3 +355,8 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
     saved_keys = sorted(torch.load(f"{path}/state.pt", weights_only=True)["model"]) if rank == 0 else []
     return {"step": state.step, "same_params": same_params, "same_optimizer": same_optimizer,
             "same_after_training": same_after, "saved_keys": saved_keys[:3]}
+
+
+def failing_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss for `ray-ormas train` that fails: the CLI must exit 1 with the error."""
+    raise RuntimeError("loss function failed on purpose")

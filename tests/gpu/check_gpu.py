@@ -55,7 +55,7 @@ def fsdp_bf16_loop(config: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import ray_ormas
-    from tests.loops import TinyTransformer
+    from examples.transformer import TinyTransformer
     device = ray.train.torch.get_device()
     torch.manual_seed(0)
     model = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs={

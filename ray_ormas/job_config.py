@@ -1,0 +1,333 @@
+"""The schema of `ray-ormas train CONFIG.yaml`: one file, from a laptop to a KubeRay cluster.
+
+    name: digits-repair
+    model: {target: "examples.digits:lesioned_cnn"}
+    data: {target: "examples.digits:datasets"}
+    optimizer: {name: AdamW, lr: 0.003, kwargs: {weight_decay: 0.01}}
+    train: {epochs: 12, batch: {size: 64, per: global}}
+    scaling: {workers: 2}
+    monitor: {repair: true, check_every: 10}
+
+Validated with pydantic (v2), because Ray already depends on it, and because it gives what a
+config needs for free: every error names its key path (`train.batch.size: Input should be
+greater than 0`), unknown keys are refused (a typo never silently falls back to a default),
+values are coerced from YAML's types, and the field descriptions below are the reference in
+docs/cli.md (`schema_reference()`, checked by a test). Checks that need two sections at once (a
+global batch split over workers, repair with FSDP, SyncBatchNorm without GPUs) are the
+trainer's own, run on the driver when the CLI builds it, before Ray starts.
+
+`module:function` targets are imported while validating, on the driver, so a missing module or
+function is a config error before any worker starts; the current directory is importable, as
+it is for `python -m` (and under `ray job submit --working-dir`, the working dir is the current
+directory).
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import types
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
+
+import yaml
+from ormas_monitor import MonitorConfig
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator, \
+    model_validator
+
+TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def load_target(target: str) -> Callable[..., Any]:
+    """Import `module:attribute` (dots allowed on both sides)."""
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import module {module_name!r} ({e}); run from the folder that contains it, or "
+                         f"install it") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{target} is a {type(obj).__name__}, not a function or class")
+    return obj
+
+
+class Factory(Section):
+    """A callable named `module:function`, called with `kwargs`."""
+
+    target: str = Field(description="`module:function` (or `module:Class`), importable from the current directory")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the call")
+
+    @field_validator("target")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        if not TARGET.match(value):
+            raise ValueError(f"expected 'module:function', got {value!r}")
+        load_target(value)
+        return value
+
+    def build(self, **extra: Any) -> Any:
+        return load_target(self.target)(**{**self.kwargs, **extra})
+
+
+class OptimizerSection(Section):
+    name: str = Field("AdamW", description="a class in `torch.optim` (AdamW, SGD, Adam, ...)")
+    lr: PositiveFloat = Field(1e-3, description="learning rate")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="other keyword arguments of the optimizer")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        import torch
+        found = getattr(torch.optim, value, None)
+        if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+            raise ValueError(f"torch.optim has no optimizer {value!r}; e.g. AdamW, SGD, Adam")
+        return value
+
+
+class BatchSection(Section):
+    size: PositiveInt = Field(description="samples per batch: per rank or global, as `per` says")
+    per: Literal["rank", "global"] = Field("rank", description="`rank`: each rank loads `size`; `global`: the "
+                                                               "whole optimizer step sees `size`, split over ranks "
+                                                               "and accumulation steps")
+    accumulation: PositiveInt = Field(1, description="micro-batches per optimizer step (gradient accumulation)")
+
+
+class TrainSection(Section):
+    epochs: PositiveInt = Field(description="passes over the training data")
+    batch: BatchSection = Field(description="batch size and its meaning")
+    seed: int = Field(0, description="torch seed (model initialisation, shuffling)")
+    loss: str = Field("cross_entropy", description="a function of `torch.nn.functional`, or `module:function` "
+                                                   "called as `loss(outputs, targets)`")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="`bf16`: bf16 autocast; `fp16`: fp16 autocast with a GradScaler given to the monitor")
+    checkpoint_every: PositiveInt | None = Field(1, description="epochs between checkpoints (null: none); a "
+                                                               "restarted run resumes from the last one")
+    keep_checkpoints: PositiveInt | None = Field(2, description="checkpoints kept in storage (null: all)")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if ":" in value:
+            Factory(target=value)
+            return value
+        import torch.nn.functional as F
+        if not callable(getattr(F, value, None)):
+            raise ValueError(f"torch.nn.functional has no {value!r}; use e.g. cross_entropy, mse_loss, or "
+                             f"'module:function'")
+        return value
+
+
+class ScalingSection(Section):
+    workers: PositiveInt = Field(1, description="Ray Train workers (ranks)")
+    use_gpu: bool = Field(False, description="one GPU per worker")
+    resources_per_worker: dict[str, float] = Field(default_factory=dict,
+                                                   description="e.g. {CPU: 4, GPU: 1}; Ray's defaults if empty")
+
+
+class MonitorSection(Section):
+    repair: bool | Literal["all"] = Field(False, description="false: watch only; true: repair certified, constant "
+                                                             "and decayed channels; `all`: see ormas-monitor")
+    check_every: PositiveInt = Field(50, description="optimizer steps between checks")
+    layers: list[str] | None = Field(None, description="fnmatch patterns of the layers to monitor (null: all)")
+    verbose: bool = Field(False, description="rank 0 also prints ormas-monitor's own event lines")
+    progress: bool = Field(True, description="rank 0 prints one line per check")
+    report_every: PositiveInt | None = Field(None, description="also report every N checks (a barrier each "
+                                                               "time; null: only at epoch ends)")
+    sync_timeout_s: PositiveFloat = Field(900.0, description="seconds ranks wait for each other at a report")
+    thresholds: dict[str, Any] = Field(default_factory=dict, description="other `ormas_monitor.MonitorConfig` "
+                                                                         "fields (patience, sigma, warmup, ...)")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "check_every" in value:
+            raise ValueError("set monitor.check_every, not monitor.thresholds.check_every")
+        try:
+            MonitorConfig(**value)
+        except TypeError as e:
+            raise ValueError(f"{e}; the fields are {sorted(MonitorConfig().to_dict())}") from None
+        return value
+
+    def monitor_config(self) -> MonitorConfig:
+        return MonitorConfig(**self.thresholds, check_every=self.check_every)
+
+
+class MLflowSection(Section):
+    enabled: bool = Field(True, description="track the run in MLflow")
+    tracking_uri: str | None = Field(None, description="null: $MLFLOW_TRACKING_URI, else an embedded SQLite store "
+                                                       "in the run folder")
+    experiment: str = Field("ray-ormas", description="MLflow experiment name")
+    run_name: str | None = Field(None, description="MLflow run name (null: the run's name)")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags")
+
+
+class StorageSection(Section):
+    path: str = Field("~/ray_results", description="run storage (`RunConfig.storage_path`): a local or shared "
+                                                   "path, or a URI (s3://bucket/runs)")
+    record_dir: str | None = Field(None, description="where the record goes if not beside the checkpoints")
+
+
+class FailureSection(Section):
+    max_failures: int = Field(0, ge=-1, description="worker-group restarts (from the last checkpoint); -1: unlimited")
+    controller_failure_limit: int = Field(-1, ge=-1, description="failed worker-group starts tolerated (e.g. "
+                                                                 "waiting for a lost node); -1: unlimited")
+
+
+class JobConfig(Section):
+    """A whole `ray-ormas train` job."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the run's name (`RunConfig.name`): "
+                                                                          "its folder in storage")
+    model: Factory | None = Field(None, description="builds the `nn.Module` (built-in loop)")
+    data: Factory | None = Field(None, description="returns `{'train': Dataset, 'val': Dataset or None}` of "
+                                                   "(input, target) pairs (built-in loop)")
+    loop: Factory | None = Field(None, description="a training loop of your own, `fn(config)`, instead of the "
+                                                   "built-in one; it gets this whole config as a dict")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="the optimizer")
+    train: TrainSection = Field(description="epochs, batch, loss, precision, checkpoints")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="`ddp` or `fsdp` (FSDP2)")
+    sync_batchnorm: bool = Field(False, description="convert BatchNorm to SyncBatchNorm (ddp on GPUs)")
+    parallel_kwargs: dict[str, Any] = Field(default_factory=dict, description="for DDP (e.g. static_graph: true) or "
+                                                                             "fully_shard (e.g. shard_modules: "
+                                                                             "'blocks.*')")
+    scaling: ScalingSection = Field(default_factory=ScalingSection, description="workers and resources")
+    monitor: MonitorSection = Field(default_factory=MonitorSection, description="the ormas monitor")
+    mlflow: MLflowSection = Field(default_factory=MLflowSection, description="MLflow tracking")
+    storage: StorageSection = Field(default_factory=StorageSection, description="where the run persists")
+    failure: FailureSection = Field(default_factory=FailureSection, description="restarts")
+
+    @model_validator(mode="after")
+    def _loop_or_model_and_data(self) -> JobConfig:
+        if self.loop is None and (self.model is None or self.data is None):
+            raise ValueError("give `model` and `data` (the built-in training loop), or `loop` (your own)")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the key paths."""
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
+    """Read a YAML config, apply `key.path=value` overrides (values parsed as YAML), validate."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (name, model, data, train, ...), "
+                          f"got {type(raw).__name__}")
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(describe(e, str(path))) from None
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """`a.b.c=value` into the nested dict (value parsed as YAML: 3, true, null, [a, b], text)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def describe(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: {error.error_count()} problem(s):"]
+    for e in error.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; `ray-ormas train --help` lists the sections)"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def schema_reference() -> str:
+    """Markdown tables of every config key, from the schema (docs/cli.md embeds this)."""
+    out: list[str] = []
+
+    def section(model: type[BaseModel], prefix: str) -> None:
+        rows = []
+        nested = []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            sub = _section_type(ann)
+            if sub is not None and sub is not Factory:
+                nested.append((f"{prefix}{name}", sub))
+            default = "required" if field.is_required() else _default(field)
+            rows.append(f"| `{prefix}{name}` | {_type_name(ann)} | {default} | {field.description or ''} |")
+        out.append(f"\n### `{prefix.rstrip('.') or 'top level'}`\n")
+        out.append("| key | type | default | meaning |\n|---|---|---|---|")
+        out.extend(rows)
+        for key, sub in nested:
+            section(sub, f"{key}.")
+
+    section(JobConfig, "")
+    out.append("\n### `model`, `data`, `loop` (a factory)\n")
+    out.append("| key | type | default | meaning |\n|---|---|---|---|")
+    for name, field in Factory.model_fields.items():
+        default = "required" if field.is_required() else _default(field)
+        out.append(f"| `{name}` | {_type_name(field.annotation)} | {default} | {field.description} |")
+    return "\n".join(out).strip() + "\n"
+
+
+def _section_type(ann: Any) -> type[BaseModel] | None:
+    candidates = [ann, *getattr(ann, "__args__", ())]
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
+
+
+def _default(field: Any) -> str:
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "(section)"
+    return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
+
+
+def _type_name(ann: Any) -> str:
+    origin, args = get_origin(ann), get_args(ann)
+    if ann is type(None):
+        return "null"
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is dict:
+        return "mapping"
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return "factory" if ann is Factory else "section"
+    return getattr(ann, "__name__", str(ann))
+
+
+if __name__ == "__main__":          # python -m ray_ormas.job_config > the reference part of docs/cli.md
+    print(schema_reference(), end="")

@@ -1,0 +1,144 @@
+"""`ray-ormas train CONFIG.yaml`: config errors before Ray starts (exit 2), the examples run as
+written (exit 0) on the session's Ray cluster, a failing loop exits 1."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ormas_monitor.record import verify_run
+
+from ray_ormas import cli
+from ray_ormas.job_config import ConfigError, load_config, schema_reference
+
+from .conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["train", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = """
+name: t
+model: {target: "examples.digits:cnn"}
+data: {target: "examples.digits:datasets"}
+train: {epochs: 1, batch: {size: 32}}
+"""
+
+
+@pytest.mark.parametrize("body, overrides, words", [
+    (MINIMAL.replace("epochs: 1", "epocs: 1"), [], ["train.epocs: unknown key", "train.epochs: Field required"]),
+    (MINIMAL, ["train.batch.size=0"], ["train.batch.size: Input should be greater than 0"]),
+    (MINIMAL, ["model.target=examples.nothere:cnn"], ["model.target: cannot import module 'examples.nothere'"]),
+    (MINIMAL, ["model.target=examples.digits:nothere"], ["model.target: module 'examples.digits' has no attribute"]),
+    (MINIMAL, ["optimizer.name=Adamm"], ["optimizer.name: torch.optim has no optimizer 'Adamm'"]),
+    (MINIMAL, ["monitor.thresholds={patience: 0}"], ["monitor.thresholds", "patience"]),
+    (MINIMAL, ["strategy=deepspeed"], ["strategy: Input should be 'ddp' or 'fsdp'"]),
+    (MINIMAL, ["train.loss=cross_entropi"], ["train.loss: torch.nn.functional has no 'cross_entropi'"]),
+    (MINIMAL.replace('model: {target: "examples.digits:cnn"}\n', ""), [], ["give `model` and `data`"]),
+    (MINIMAL, ["name=bad name"], ["name: String should match pattern"]),
+    (MINIMAL, ["train.batch={size: 30, per: global}", "scaling.workers=4"],
+     ["a global batch of 30 does not split evenly over 4 workers"]),
+    (MINIMAL, ["strategy=fsdp", "monitor.repair=true"], ["repair is not possible with strategy='fsdp'"]),
+    (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
+    (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
+    (MINIMAL, ["train.epochs"], ["--set expects key.path=value"]),
+    ("- a list\n", [], ["must hold a mapping of sections"]),
+    ("name: [unclosed\n", [], ["is not valid YAML"]),
+])
+def test_config_errors_exit_2_naming_the_key_before_ray_starts(capsys, tmp_path, body, overrides, words):
+    import ray
+    was_running = ray.is_initialized()
+    code, out, err = run(capsys, str(write(tmp_path, body)), *[a for o in overrides for a in ("--set", o)])
+    assert code == 2, (out, err)
+    for w in words:
+        assert w in err, err
+    assert ray.is_initialized() == was_running
+
+
+def test_missing_config_file_and_bad_usage(capsys, tmp_path):
+    code, _, err = run(capsys, str(tmp_path / "none.yaml"))
+    assert code == 2 and "config file" in err and "not found" in err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train"])
+    assert e.value.code == 2
+
+
+def test_dry_run_prints_the_resolved_config(capsys, tmp_path):
+    code, out, _ = run(capsys, str(EXAMPLES / "digits_watch.yaml"), "--dry-run", "--set", "monitor.repair=true",
+                       "--set", f"storage.path={tmp_path}")
+    assert code == 0 and "config is valid" in out
+    assert "repair: true" in out and f"path: {tmp_path}" in out and "check_every: 10" in out
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_example_config_is_valid():
+    names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    assert names == ["digits_repair.yaml", "digits_watch.yaml", "gan.yaml", "transformer_fsdp.yaml"]
+    for name in names:
+        load_config(EXAMPLES / name)
+    with pytest.raises(ConfigError):
+        load_config(EXAMPLES / "digits_watch.yaml", ["train.batch.per=node"])
+
+
+def test_docs_cli_md_holds_the_generated_config_reference():
+    assert schema_reference() in (ROOT / "docs" / "cli.md").read_text(), \
+        "docs/cli.md is out of date: paste ray_ormas.job_config.schema_reference() into it"
+
+
+# ---------------------------------------------------------------- the examples, for real
+def finished(capsys, tmp_path: Path, example: str, *overrides: str) -> str:
+    args = [str(EXAMPLES / example), "--set", f"storage.path={tmp_path}", "--set", "mlflow.enabled=false"]
+    code, out, err = run(capsys, *args, *[a for o in overrides for a in ("--set", o)])
+    assert code == 0, err[-3000:]
+    return out
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_digits_examples_watch_certifies_and_repair_heals(capsys, tmp_path):
+    watch = finished(capsys, tmp_path, "digits_watch.yaml", "train.epochs=3")
+    assert "monitor 'model': 7 layers, 5 healthy" in watch
+    assert "conv2.0       0         32         0            32  certified dead" in watch
+    assert "conv3.0       0         64         0            64  certified dead" in watch
+    repair = finished(capsys, tmp_path, "digits_repair.yaml", "train.epochs=3")
+    assert "conv2.0       0         32        32             0  repaired" in repair
+    assert "conv3.0       0         64        64             0  repaired" in repair
+    accuracy = json.loads(repair.split("final metrics: ")[1].split("\n")[0].replace("'", '"'))["val_accuracy"]
+    assert accuracy > 0.9
+    for name in ("digits-watch", "digits-repair"):
+        record = tmp_path / name / "ormas" / "model" / "segment-000"
+        assert verify_run(record).ok and (record / "report.html").is_file()
+        assert sorted(p.name for p in (tmp_path / name).glob("checkpoint_*") if p.is_dir()).__len__() == 2
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_transformer_fsdp_and_gan_examples(capsys, tmp_path):
+    out = finished(capsys, tmp_path, "transformer_fsdp.yaml", "train.epochs=1")
+    record = tmp_path / "transformer-fsdp" / "ormas" / "model" / "segment-000"
+    manifest = next(json.loads(x) for x in (record / "diary.jsonl").read_text().splitlines() if '"manifest"' in x)
+    assert manifest["distributed"]["mode"] == "fsdp" and manifest["channel_checks"] is False
+    assert "monitor 'model'" in out and verify_run(record).ok
+    out = finished(capsys, tmp_path, "gan.yaml", "train.epochs=1")
+    assert "monitor 'generator'" in out and "monitor 'discriminator'" in out
+    for name in ("generator", "discriminator"):
+        assert verify_run(tmp_path / "gan" / "ormas" / name / "segment-000").ok
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_a_failing_loop_exits_1_and_says_why(capsys, tmp_path):
+    code, _, err = run(capsys, str(EXAMPLES / "digits_watch.yaml"), "--set", f"storage.path={tmp_path}",
+                       "--set", "mlflow.enabled=false", "--set", "train.loss=tests.loops:failing_loss")
+    assert code == 1 and "training failed" in err and "loss function failed on purpose" in err
