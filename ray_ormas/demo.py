@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.utils.data
 import torch.nn.functional as F
 
 import ray_ormas
@@ -70,6 +71,21 @@ def lesion(model: DigitsCNN) -> None:
 
 
 @torch.no_grad()
+def cnn(lesioned: bool = False) -> DigitsCNN:
+    """The demo's CNN, optionally with conv2 and conv3 zeroed (a `ray-ormas train` model factory)."""
+    net = DigitsCNN()
+    if lesioned:
+        lesion(net)
+    return net
+
+
+def datasets(seed: int = 0) -> dict[str, torch.utils.data.TensorDataset]:
+    """{'train', 'val'}: the digits as (image, label) pairs (a `ray-ormas train` data factory)."""
+    x_train, y_train, x_test, y_test = load_digits(seed)
+    return {"train": torch.utils.data.TensorDataset(x_train, y_train),
+            "val": torch.utils.data.TensorDataset(x_test, y_test)}
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     return 100.0 * (model(x).argmax(1) == y).float().mean().item()
