@@ -97,12 +97,15 @@ def no_sync(model: nn.Module, active: bool = True) -> Iterator[None]:
 def epochs(loader: Any, count: int, start: int = 0) -> Iterator[int]:
     """`range(start, count)`, calling `set_epoch(epoch)` on the loader's sampler (or on `loader`
     itself, if it is a sampler) before each epoch, so every epoch gets its own shuffle on every
-    rank. A sampler without `set_epoch` is left alone, and said so once."""
+    rank. A sampler without `set_epoch` is left alone, and said so once when several ranks share
+    the data (one process with a plain shuffling loader reshuffles every epoch by itself)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be an int >= 0, got {count!r}")
     sampler = loader if callable(getattr(loader, "set_epoch", None)) else getattr(loader, "sampler", None)
     settable = callable(getattr(sampler, "set_epoch", None))
-    if not settable:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    if not settable and distributed:
         print(f"[ray-ormas] epochs(): {type(sampler).__name__} has no set_epoch(); if it shuffles, every epoch "
               f"sees the same order. Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
               file=sys.stderr, flush=True)
