@@ -1,61 +1,130 @@
 """What the monitor costs on Ray: the same DDP loop under plain TorchTrainer and under RayOrmasTrainer.
 
-    python bench/overhead.py [--repeats 3] [--steps 400] [--workers 2] [--check-every 50]
+    python bench/overhead.py [--models digits wide mlp] [--repeats 3] [--steps 400] [--workers 2]
+                             [--check-every 50] [--with-report]
 
-Runs every configuration `--repeats` times, interleaved (plain, watch, watch+report every check,
-repair, plain, ...), on one local Ray cluster, and prints per configuration: the median step time
-(median over repeats of each run's median; min-max of the run medians), the ratio to plain, the
-median time of sampled (check) and unsampled steps, and the time from fit() to the first step.
+For each model (`digits`: the demo's CNN on 8x8 digits; `wide`: a larger synthetic CNN on 32x32
+inputs; `mlp`: a fast MLP whose checks come every few tens of milliseconds, far more often than
+Ray's 2 s report poll), runs plain `TorchTrainer`, `RayOrmasTrainer` watch-only and repair
+(`--with-report`: also watch with a report at every check) `--repeats` times, interleaved, on one
+local Ray cluster, and prints per configuration: the median step time (median over repeats of
+each run's median; min-max of the run medians), the ratio to plain, the median time of sampled
+(check) and unsampled steps, the cost of one check, and the time from fit() to the first step.
 Step times are measured on rank 0 inside the loop (forward, backward, mon.step, optimizer step).
 
-    python bench/overhead.py --paired [--repeats 5]
+    python bench/overhead.py --paired [--models digits] [--repeats 5]
 
 The paired measurement: in one run, two identical DDP replicas are stepped alternately, one with
 the monitor and one without, so both share the same moment and contention; their ratio is the
 monitor's own per-step cost without the run-to-run noise of a small shared machine.
+
+    python bench/overhead.py --scaling [--world-sizes 1 2 4 8] [--models digits wide mlp]
+
+Per-check cost against world size (logical CPUs: 8 workers on a 2-core machine time-share, so
+read the per-check cost, not the step time) and against model size: the paired measurement,
+one run per point.
+
+    python bench/overhead.py --device cuda --precision bf16 --workers 1
+
+The same table on a GPU (NCCL, bf16 autocast), for a machine that has one.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
 from typing import Any
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 WARMUP = 20
+MODELS = ("digits", "wide", "mlp")
+CONFIGS = {
+    "plain": None,
+    "watch": {"repair": False},
+    "repair": {"repair": True},
+}
+WITH_REPORT = {"watch+report": {"repair": False, "report_every": 1}}
+
+
+def make_model(name: str) -> nn.Module:
+    """`digits`: the demo's CNN (7 monitored layers, 26 k parameters); `wide`: 4 conv blocks up to
+    256 channels (9 monitored layers, 0.4 M parameters) on 32x32 inputs; `mlp`: 3 linear layers (26 k)."""
+    from ray_ormas.demo import DigitsCNN
+    if name == "digits":
+        return DigitsCNN()
+    if name == "wide":
+        def block(i: int, o: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
+        return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), block(128, 256), nn.Flatten(),
+                             nn.Linear(256 * 2 * 2, 10))
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                             nn.Linear(128, 10))
+    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+
+
+def make_data(name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    from ray_ormas.demo import load_digits
+    if name == "wide":
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(512, 3, 32, 32, generator=g), torch.randint(0, 10, (512,), generator=g)
+    else:
+        x, y, _, _ = load_digits()
+    return x.to(device), y.to(device)
+
+
+def _autocast(config: dict[str, Any], device: torch.device) -> contextlib.AbstractContextManager:
+    if config.get("precision") == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _setup(config: dict[str, Any]) -> tuple[torch.device, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    import ray.train
+    import ray.train.torch
+    torch.set_num_threads(1)
+    rank = ray.train.get_context().get_world_rank()
+    device = ray.train.torch.get_device()
+    x, y = make_data(config["model"], device)
+    gen = torch.Generator().manual_seed(rank)
+    batches = [torch.randint(0, len(x), (config["batch_size"],), generator=gen).to(device) for _ in range(64)]
+    return device, x, y, batches
 
 
 def bench_loop(config: dict[str, Any]) -> dict[str, Any]:
-    import ray.train
     import ray.train.torch
 
     import ray_ormas
-    from ray_ormas.demo import DigitsCNN, load_digits
 
-    torch.set_num_threads(1)
+    device, x, y, batches = _setup(config)
     torch.manual_seed(0)
-    rank = ray.train.get_context().get_world_rank()
-    x, y, _, _ = load_digits()
     monitored = config["mode"] != "plain"
     prepare = ray_ormas.prepare_model if monitored else ray.train.torch.prepare_model
-    model = prepare(DigitsCNN())
+    model = prepare(make_model(config["model"]))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     mon = ray_ormas.monitor(model, opt) if monitored else None
-    gen = torch.Generator().manual_seed(rank)
-    batches = [torch.randint(0, len(x), (config["batch_size"],), generator=gen) for _ in range(64)]
     times, first = [], None
     for step in range(config["steps"]):
         idx = batches[step % len(batches)]
         t = time.perf_counter()
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        with _autocast(config, device):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         if mon is not None:
             mon.step(loss)
         opt.step()
+        _sync(device)
         times.append(time.perf_counter() - t)
         if first is None:
             first = time.time()
@@ -68,22 +137,15 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
     Both see the same process, the same moment and the same contention, so the ratio of their
     step times is the monitor's own cost without the run-to-run noise of a shared 2-core machine.
     """
-    import ray.train
-
     import ray_ormas
-    from ray_ormas.demo import DigitsCNN, load_digits
 
-    torch.set_num_threads(1)
-    rank = ray.train.get_context().get_world_rank()
-    x, y, _, _ = load_digits()
+    device, x, y, batches = _setup(config)
     models, opts = [], []
     for _ in range(2):
         torch.manual_seed(0)
-        models.append(ray_ormas.prepare_model(DigitsCNN()))
+        models.append(ray_ormas.prepare_model(make_model(config["model"])))
         opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
     mon = ray_ormas.monitor(models[0], opts[0])
-    gen = torch.Generator().manual_seed(rank)
-    batches = [torch.randint(0, len(x), (config["batch_size"],), generator=gen) for _ in range(64)]
     times: list[list[float]] = [[], []]
     in_step: list[float] = []                                   # time inside mon.step() alone
     for step in range(config["steps"]):
@@ -91,69 +153,96 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
         for k in ((0, 1) if step % 2 == 0 else (1, 0)):        # alternate which goes first
             model, opt = models[k], opts[k]
             t = time.perf_counter()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            with _autocast(config, device):
+                loss = F.cross_entropy(model(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()
             if k == 0:
                 t_mon = time.perf_counter()
                 mon.step(loss)
+                _sync(device)
                 in_step.append(time.perf_counter() - t_mon)
             opt.step()
+            _sync(device)
             times[k].append(time.perf_counter() - t)
     return {"monitored": times[0], "plain": times[1], "in_step": in_step}
 
 
-def run_paired(args: argparse.Namespace) -> None:
+def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
+    a, b = out["monitored"][WARMUP:], out["plain"][WARMUP:]
+    off = [i for i in range(len(a)) if (i + WARMUP) % check_every != 0]
+    on = [i for i in range(len(a)) if (i + WARMUP) % check_every == 0]
+    in_step = out["in_step"][WARMUP:]
+    return {"plain_ms": 1e3 * statistics.median(b), "monitored_ms": 1e3 * statistics.median(a),
+            "ratio": statistics.median(a) / statistics.median(b),
+            "unsampled_ratio": statistics.median(a[i] for i in off) / statistics.median(b[i] for i in off),
+            "mean_ratio": statistics.fmean(a) / statistics.fmean(b),
+            "check_ms": 1e3 * statistics.median(in_step[i] for i in on) if on else float("nan"),
+            "off_check_us": 1e6 * statistics.median(in_step[i] for i in off)}
+
+
+def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, Any]:
     from ray.train import RunConfig, ScalingConfig
 
     from ray_ormas import RayOrmasTrainer
-    print(f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), "
-          f"check_every={args.check_every}, {args.repeats} runs\n")
-    print(f"{'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} {'unsampled ratio':>15} "
-          f"{'mean ratio':>10} {'check cost ms':>13} {'mon.step off-check us':>21}")
-    for rep in range(args.repeats):
-        out = RayOrmasTrainer(paired_loop, train_loop_config={"steps": args.steps, "batch_size": args.batch_size},
-                              check_every=args.check_every, verbose=False,
-                              scaling_config=ScalingConfig(num_workers=args.workers),
-                              run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)
-                              ).fit().return_value
-        a, b = out["monitored"][WARMUP:], out["plain"][WARMUP:]
-        off = [i for i in range(len(a)) if (i + WARMUP) % args.check_every != 0]
-        on = [i for i in range(len(a)) if (i + WARMUP) % args.check_every == 0]
-        check_cost = statistics.median(a[i] - b[i] for i in on) if on else float("nan")
-        in_step = out["in_step"][WARMUP:]
-        step_off = statistics.median(in_step[i] for i in off)
-        print(f"{rep + 1:<4} {1e3 * statistics.median(b):>9.2f} {1e3 * statistics.median(a):>13.2f} "
-              f"{statistics.median(a) / statistics.median(b):>12.3f} "
-              f"{statistics.median(a[i] for i in off) / statistics.median(b[i] for i in off):>15.3f} "
-              f"{statistics.fmean(a) / statistics.fmean(b):>10.3f} {1e3 * check_cost:>13.2f} "
-              f"{1e6 * step_off:>21.1f}", flush=True)
+    return RayOrmasTrainer(
+        paired_loop, train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
+        verbose=False, mlflow=False, scaling_config=_scaling(args, workers),
+        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit().return_value
 
 
-CONFIGS = {
-    "plain": {},
-    "watch": {"repair": False},
-    "watch+report": {"repair": False, "report_every": 1},
-    "repair": {"repair": True},
-}
+def run_paired(args: argparse.Namespace) -> None:
+    print(f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
+          f"{args.check_every}, {args.workers} workers, {args.repeats} runs per model\n")
+    print(f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+          f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21}")
+    for model in args.models:
+        for rep in range(args.repeats):
+            r = paired_row(fit_paired(args, model, args.workers), args.check_every)
+            print(f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
+                  f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
+                  f"{r['off_check_us']:>21.1f}", flush=True)
 
 
-def run_once(name: str, args: argparse.Namespace, storage: str) -> dict[str, Any]:
-    from ray.train import RunConfig, ScalingConfig
+def run_scaling(args: argparse.Namespace) -> None:
+    print(f"\nscaling: the paired measurement, one run per point, check_every={args.check_every}; "
+          f"{os.cpu_count()} CPUs (more workers than CPUs time-share: read the check cost)\n")
+    print(f"{'model':<7} {'params':>8} {'workers':>7} {'plain ms':>9} {'check ms':>9} {'off-check us':>12} "
+          f"{'median ratio':>12}")
+    for model in args.models:
+        params = sum(p.numel() for p in make_model(model).parameters())
+        for workers in args.world_sizes:
+            r = paired_row(fit_paired(args, model, workers), args.check_every)
+            print(f"{model:<7} {params:>8,} {workers:>7} {r['plain_ms']:>9.2f} {r['check_ms']:>9.2f} "
+                  f"{r['off_check_us']:>12.1f} {r['ratio']:>12.3f}", flush=True)
+
+
+def _loop_config(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
+    return {"mode": mode, "model": model, "steps": args.steps, "batch_size": args.batch_size,
+            "precision": args.precision}
+
+
+def _scaling(args: argparse.Namespace, workers: int) -> Any:
+    from ray.train import ScalingConfig
+    return ScalingConfig(num_workers=workers, use_gpu=args.device == "cuda")
+
+
+def run_once(name: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    from ray.train import RunConfig
     from ray.train.torch import TorchTrainer
 
     from ray_ormas import RayOrmasTrainer
-    loop_config = {"mode": name, "steps": args.steps, "batch_size": args.batch_size}
-    scaling = ScalingConfig(num_workers=args.workers)
-    run_config = RunConfig(name=f"bench-{name}-{time.time_ns()}", storage_path=storage)
+    loop_config = _loop_config(args, model, name)
+    run_config = RunConfig(name=f"bench-{model}-{name}-{time.time_ns()}", storage_path=args.storage)
     start = time.time()
     if name == "plain":
-        result = TorchTrainer(bench_loop, train_loop_config=loop_config, scaling_config=scaling,
+        result = TorchTrainer(bench_loop, train_loop_config=loop_config, scaling_config=_scaling(args, args.workers),
                               run_config=run_config).fit()
     else:
+        options = {**CONFIGS, **WITH_REPORT}[name]
         result = RayOrmasTrainer(bench_loop, train_loop_config=loop_config, check_every=args.check_every,
-                                 verbose=False, scaling_config=scaling, run_config=run_config,
-                                 **CONFIGS[name]).fit()
+                                 verbose=False, scaling_config=_scaling(args, args.workers), run_config=run_config,
+                                 **options).fit()
     out = result.return_value
     out["startup"] = out["first_step_at"] - start
     out["fit_s"] = time.time() - start
@@ -186,43 +275,58 @@ def summarize(runs: dict[str, list[dict[str, Any]]], check_every: int) -> list[d
     return rows
 
 
+def run_table(args: argparse.Namespace) -> None:
+    configs = [*CONFIGS, *(WITH_REPORT if args.with_report else {})]
+    for model in args.models:
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+        for rep in range(args.repeats):
+            for name in configs:
+                runs[name].append(run_once(name, model, args))
+                print(f"{model} repeat {rep + 1}/{args.repeats} {name}: median "
+                      f"{1e3 * statistics.median(runs[name][-1]['times'][WARMUP:]):.2f} ms/step", flush=True)
+        rows = summarize(runs, args.check_every)
+        print(f"\n{model}: {args.workers} workers ({args.device}, {args.precision}), batch {args.batch_size}/rank, "
+              f"{args.steps} steps, check_every={args.check_every}, {args.repeats} repeats interleaved; "
+              f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+        print(f"{'config':<13} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ratio':>10} "
+              f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} {'fit s':>6}")
+        for r in rows:
+            print(f"{r['config']:<13} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} "
+                  f"{r['ratio']:>6.3f} {r['mean_ratio']:>10.3f} {r['unsampled_ms']:>9.2f} "
+                  f"{r['unsampled_ratio']:>12.3f} {r['sampled_ms']:>8.2f} {r['check_cost_ms']:>10.2f} "
+                  f"{r['startup_s']:>9.1f} {r['fit_s']:>6.1f}", flush=True)
+        print()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--check-every", type=int, default=50)
+    p.add_argument("--with-report", action="store_true", help="also watch with a ray.train.report at every check")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--storage", default="/tmp/ray_ormas_bench")
     p.add_argument("--paired", action="store_true", help="only the paired measurement (monitored vs plain replica)")
+    p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     args = p.parse_args()
 
     import ray
-    ray.init(num_cpus=max(args.workers, 2), include_dashboard=False, log_to_driver=False)
-    if args.paired:
-        run_paired(args)
+    cpus = max(args.workers, *args.world_sizes, 2) if args.scaling else max(args.workers, 2)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        if args.scaling:
+            run_scaling(args)
+        elif args.paired:
+            run_paired(args)
+        else:
+            run_table(args)
+    finally:
         ray.shutdown()
-        return
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
-    for rep in range(args.repeats):
-        for name in CONFIGS:
-            runs[name].append(run_once(name, args, args.storage))
-            print(f"repeat {rep + 1}/{args.repeats} {name}: median "
-                  f"{1e3 * statistics.median(runs[name][-1]['times'][WARMUP:]):.2f} ms/step", flush=True)
-    ray.shutdown()
-    rows = summarize(runs, args.check_every)
-    print(f"\n{args.workers} workers, digits CNN, batch {args.batch_size}/rank, {args.steps} steps, "
-          f"check_every={args.check_every}, {args.repeats} repeats interleaved; torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs\n")
-    print("median: median over repeats of each run's median step; min-max: of those run medians; mean: the same "
-          "with each run's mean step (sampled steps and reports included); unsampled / sampled: median step off / "
-          "on a check; check cost: sampled minus plain's sampled; startup: fit() to first step; fit: whole fit()\n")
-    print(f"{'config':<13} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ms':>8} {'mean ratio':>10} "
-          f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} {'fit s':>6}")
-    for r in rows:
-        print(f"{r['config']:<13} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} {r['ratio']:>6.3f} "
-              f"{r['mean_ms']:>8.2f} {r['mean_ratio']:>10.3f} {r['unsampled_ms']:>9.2f} {r['unsampled_ratio']:>12.3f} "
-              f"{r['sampled_ms']:>8.2f} {r['check_cost_ms']:>10.2f} {r['startup_s']:>9.1f} {r['fit_s']:>6.1f}")
 
 
 if __name__ == "__main__":
