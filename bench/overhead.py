@@ -187,7 +187,7 @@ def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, 
     from ray_ormas import RayOrmasTrainer
     return RayOrmasTrainer(
         paired_loop, train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
-        verbose=False, mlflow=False, scaling_config=_scaling(args, workers),
+        verbose=False, scaling_config=_scaling(args, workers),
         run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit().return_value
 
 
