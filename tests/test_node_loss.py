@@ -67,5 +67,7 @@ def test_without_a_replacement_node_the_wait_is_bounded_by_the_controller_failur
     assert outcome["finished"], log[-4000:]
     assert outcome["error"].startswith("ControllerError") and "worker group startup timed out" in outcome["error"]
     assert outcome["seconds_after_loss"] < 120
-    first = open_records(storage / "node-loss").segments()[0]       # the lost node's record is in storage
-    assert not first.complete and first.events > 0
+    records = open_records(storage / "node-loss")
+    first = records.segments()[0]                                   # the lost node's record is in storage
+    last = json.loads(records.events()["line"][-1].as_py())
+    assert first.events > 0 and (not first.complete or "error" in last), last   # cut off, or closed with the error
