@@ -1,14 +1,17 @@
 """`ray-ormas train CONFIG.yaml`: config -> RayOrmasTrainer -> fit -> summary, with exit codes.
 
     0  trained; the summary says where the record, its report and the MLflow run are
-    1  training failed (the error, and where the failed run's record is, are printed)
-    2  the config or one of its values is wrong, or the storage is unusable: nothing was started
+    1  training failed (the root cause in one paragraph, and where the failed run's record is)
+    2  the config or one of its values is wrong, or the storage is unusable: nothing was trained
 
 Everything the driver can check is checked before Ray starts: the schema (job_config.py), the
-imports of `module:function` targets, then everything `RayOrmasTrainer(...)` checks (batch split,
-repair with FSDP, SyncBatchNorm without GPUs, writable storage). Then Ray: a local cluster when
-none is running (the current directory goes on the workers' PYTHONPATH, so `module:function`
-targets import there too), or the running cluster (under `ray job submit`, whose
+imports of `module:function` targets, the storage locations (paths.py: a relative path is made
+absolute against the current directory, and said so; refused under `ray job submit`), the values
+Ray's own configs refuse (named by their key), then everything `RayOrmasTrainer(...)` checks
+(batch split, repair with FSDP, SyncBatchNorm without GPUs, writable storage). Then Ray: a local
+cluster when none is running (the current directory goes on the workers' PYTHONPATH, so
+`module:function` targets import there too), which must be able to place the workers
+(capacity.py: it cannot grow), or the running cluster (under `ray job submit`, whose
 `--working-dir` does the same for the workers). Long waits say what they wait for.
 
 Hooks relied on: `ray.init` (RAY_ADDRESS), `ray.cluster_resources`, and the public API of
@@ -21,10 +24,15 @@ import sys
 import time
 from typing import Any
 
+from .capacity import check_capacity, per_worker
 from .config import BatchSize
+from .failures import describe_failure
 from .job_config import ConfigError, JobConfig, load_config, load_target
+from .paths import StoragePathError, resolve_location
 from .storage import RecordStorageError
 from .tracking import MLflowSettings
+
+CLI_SCALING_KEYS = {"workers": "scaling.workers", "resources": "scaling.resources_per_worker"}
 
 
 def say(message: str) -> None:
@@ -36,6 +44,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         sys.path.insert(0, os.getcwd())          # `module:function` targets import like `python -m`
     try:
         job = load_config(path, overrides)
+        job, notes = resolve_storage(job, path)
         trainer = build_trainer(job)
     except ConfigError as e:
         print(f"ray-ormas train: {e}", file=sys.stderr)
@@ -43,12 +52,17 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     except (ValueError, TypeError, RecordStorageError) as e:
         print(f"ray-ormas train: {path}: {e}", file=sys.stderr)
         return 2
+    for note in notes:
+        say(note)
     if dry_run:
         import yaml
         print(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False), end="")
         say("config is valid; --dry-run started nothing")
         return 0
-    _start_ray(job)
+    shortfall = _start_ray(job)
+    if shortfall is not None:
+        print(f"ray-ormas train: {path}: {shortfall}", file=sys.stderr)
+        return 2
     say(f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
         f"{job.train.epochs} epoch(s); waiting for Ray Train to start the workers ...")
     started = time.monotonic()
@@ -60,8 +74,8 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     except BaseException as e:              # Ray's own errors, and the loop's, end the run: exit 1
         if isinstance(e, SystemExit) and e.code in (0, None):
             raise
-        print(f"ray-ormas train: training failed after {time.monotonic() - started:.0f} s: "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
+        print(f"ray-ormas train: training failed after {time.monotonic() - started:.0f} s: {describe_failure(e)}",
+              file=sys.stderr)
         return 1
     from .summary import render
     run = result.ormas
@@ -70,6 +84,26 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         f"{ {k: v for k, v in (result.metrics or {}).items() if not k.startswith('ormas/')} }")
     print(render(run.store, run.records, mlflow), flush=True)
     return 0
+
+
+def resolve_storage(job: JobConfig, source: str) -> tuple[JobConfig, list[str]]:
+    """The job with `storage.path` and `storage.record_dir` resolved (paths.py), and what was
+    rewritten, for the progress output; a location that cannot work is a ConfigError."""
+    storage = job.storage
+    update: dict[str, str] = {}
+    notes: list[str] = []
+    for key in ("path", "record_dir"):
+        value = getattr(storage, key)
+        if value is None:
+            continue
+        try:
+            resolved = resolve_location(value, f"storage.{key}")
+        except StoragePathError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        update[key] = resolved.location
+        if resolved.note:
+            notes.append(resolved.note)
+    return job.model_copy(update={"storage": storage.model_copy(update=update)}), notes
 
 
 def build_trainer(job: JobConfig) -> Any:
@@ -85,23 +119,47 @@ def build_trainer(job: JobConfig) -> Any:
     if job.mlflow.enabled:
         mlflow = MLflowSettings(tracking_uri=job.mlflow.tracking_uri, experiment_name=job.mlflow.experiment,
                                 run_name=job.mlflow.run_name, tags=dict(job.mlflow.tags))
+    with _named("scaling"):
+        scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
+                                resources_per_worker=dict(job.scaling.resources_per_worker) or None)
+    with _named("failure"):
+        failure = FailureConfig(max_failures=job.failure.max_failures,
+                                controller_failure_limit=job.failure.controller_failure_limit)
+    with _named("train.keep_checkpoints"):
+        checkpoints = CheckpointConfig(num_to_keep=job.train.keep_checkpoints)
+    with _named("storage.path"):
+        run_config = RunConfig(name=job.name, storage_path=job.storage.path, failure_config=failure,
+                               checkpoint_config=checkpoints)
     return RayOrmasTrainer(
         loop, train_loop_config=job.model_dump(mode="json"), repair=m.repair, monitor_config=m.monitor_config(),
         layers=m.layers, verbose=m.verbose, progress=m.progress, report_every=m.report_every,
         sync_timeout_s=m.sync_timeout_s, record_dir=job.storage.record_dir, strategy=job.strategy,
         sync_batchnorm=job.sync_batchnorm, batch=BatchSize(**job.train.batch.model_dump()), mlflow=mlflow,
-        scaling_config=ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
-                                     resources_per_worker=dict(job.scaling.resources_per_worker) or None),
-        run_config=RunConfig(name=job.name, storage_path=job.storage.path,
-                             failure_config=FailureConfig(max_failures=job.failure.max_failures,
-                                                          controller_failure_limit=job.failure.controller_failure_limit),
-                             checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_checkpoints)))
+        scaling_config=scaling, run_config=run_config)
 
 
-def _start_ray(job: JobConfig) -> None:
+class _named:
+    """Turn a ValueError/TypeError from one of Ray's config classes into a ConfigError naming the key."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> bool:
+        if isinstance(error, (ValueError, TypeError)) and not isinstance(error, ConfigError):
+            raise ConfigError(f"{self.key}: {error}") from None
+        return False
+
+
+def _start_ray(job: JobConfig) -> str | None:
+    """Start or join Ray and say what the cluster has against what the workers need. Returns
+    why the workers can never be placed when the cluster was started here (it cannot grow), else
+    None; on a joined cluster a shortfall is only said (an autoscaler may add nodes)."""
     import ray
     if ray.is_initialized():
-        return
+        return None
     address = os.environ.get("RAY_ADDRESS")
     if address:
         say(f"connecting to the Ray cluster at {address} ...")
@@ -110,12 +168,19 @@ def _start_ray(job: JobConfig) -> None:
         say("no RAY_ADDRESS: starting a local Ray cluster (or joining one started with `ray start` here) ...")
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}})
-    have = ray.cluster_resources()
-    need_cpu = job.scaling.workers * float(job.scaling.resources_per_worker.get("CPU", 1))
-    need_gpu = job.scaling.workers * float(job.scaling.resources_per_worker.get("GPU", 1 if job.scaling.use_gpu else 0))
+    from ray.train import ScalingConfig
+    scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
+                            resources_per_worker=dict(job.scaling.resources_per_worker) or None)
+    have, need = ray.cluster_resources(), per_worker(scaling)
     say(f"Ray is up: {have.get('CPU', 0):g} CPUs, {have.get('GPU', 0):g} GPUs in the cluster; the workers need "
-        f"{need_cpu:g} CPUs, {need_gpu:g} GPUs")
-    if have.get("CPU", 0) < need_cpu or have.get("GPU", 0) < need_gpu:
-        say("the cluster is smaller than the workers need: Ray Train waits for it to grow (an autoscaler) and "
-            "gives up after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S per try (failure.controller_failure_limit "
-            "tries); lower scaling.workers or resources_per_worker to run now")
+        f"{job.scaling.workers * need.get('CPU', 0):g} CPUs, {job.scaling.workers * need.get('GPU', 0):g} GPUs")
+    shortfall = check_capacity(scaling, keys=CLI_SCALING_KEYS)
+    if shortfall is None:
+        return None
+    if not address:
+        ray.shutdown()
+        return f"{shortfall}. (This Ray cluster was started on this machine and cannot grow.)"
+    say(f"the cluster cannot place the workers yet ({shortfall}): Ray Train waits for it to grow (an "
+        f"autoscaler) and gives up after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S per try "
+        f"(failure.controller_failure_limit tries)")
+    return None

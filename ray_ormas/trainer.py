@@ -17,7 +17,8 @@ Hooks relied on (Ray Train V2):
 * `RunConfig.callbacks`: a controller-side `UserCallback` (ledger.py) receives every report's
   per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
 * `RunConfig.name`, `storage_path`, `storage_filesystem`: the record's place, known before launch
-  (Ray's RunConfig always sets a name).
+  (Ray's RunConfig always sets a name). A local storage path (and `record_dir`) is resolved to
+  an absolute one here (paths.py): Ray's controller refuses relative ones only after it started.
 * `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
   more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import logging
 import os
 import sys
 import uuid
@@ -40,15 +42,19 @@ from ray.train import Result, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .capacity import check_capacity
 from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
                      check_strategy)
 from .ledger import LedgerCallback, RunLedger
+from .paths import resolve_location
 from .records import RunRecords
 from .storage import RecordStore, resolve
 from .tracking import MLflowSettings, RunTracker
 from .worker import WorkerPlan, wrap_train_loop
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"      # what Ray Train's own state actor is pinned with
+
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class OrmasRun:
@@ -185,6 +191,12 @@ class RayOrmasTrainer:
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
+        self.run_config = _with_absolute_storage_path(self.run_config)
+        if record_dir is not None:
+            resolved = resolve_location(record_dir, "record_dir")
+            if resolved.note:
+                logger.warning("[ray-ormas] %s", resolved.note)
+            record_dir = resolved.location
         self.store = RecordStore.for_run(self.run_config, record_dir)
         self.store.check_writable()
         if mlflow is True:
@@ -206,6 +218,11 @@ class RayOrmasTrainer:
         """
         if not ray.is_initialized():
             ray.init()
+            shortfall = check_capacity(self.scaling_config)
+            if shortfall is not None:          # a cluster started here never grows: Ray Train would wait forever
+                ray.shutdown()
+                raise ValueError(f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
+                                 f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
         tracker = self._start_tracking()
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
@@ -251,6 +268,20 @@ class RayOrmasTrainer:
                               "resources_per_worker": sc.resources_per_worker or {}},
                   "ray_run_name": rc.name}
         return RunTracker.start(self.mlflow, run_dir, rc.name, params)
+
+
+def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
+    """The run config with a local storage path made absolute (paths.py); a path on a
+    filesystem the user gave (other than the local one) is left as it is."""
+    fs = run_config.storage_filesystem
+    if fs is not None and not isinstance(fs, pafs.LocalFileSystem):
+        return run_config
+    resolved = resolve_location(run_config.storage_path, "RunConfig(storage_path=...)")
+    if resolved.note:
+        logger.warning("[ray-ormas] %s", resolved.note)
+    if resolved.location == run_config.storage_path:
+        return run_config
+    return dataclasses.replace(run_config, storage_path=resolved.location)
 
 
 def _on_head_node() -> dict[str, Any]:

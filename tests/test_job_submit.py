@@ -115,6 +115,16 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
         (run,) = client.search_runs(client.get_experiment_by_name("ray-ormas").experiment_id)
         assert run.info.status == "FINISHED" and run.data.params["monitor.repair"] == "True"
         assert run.data.params["train_loop_config.train.epochs"] == "2"
+
+        # A relative storage path would live in the job's temporary working directory: refused
+        # on the driver, exit 2, the job FAILED with the reason, nothing trained.
+        relative = ray_cli("job", "submit", "--address", address, "--working-dir", str(work), "--",
+                           "ray-ormas", "train", "examples/digits_repair.yaml", "--set", "storage.path=./runs",
+                           env=env, timeout=300)
+        assert relative.returncode != 0
+        said = relative.stdout + relative.stderr
+        assert "storage.path: './runs' is a relative path, and this runs under `ray job submit`" in said, said[-3000:]
+        assert "exit code 2" in said or "failed" in said.lower()
     finally:
         stop(head, str(temp_dir), str(storage))
         log.close()

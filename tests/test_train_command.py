@@ -53,6 +53,11 @@ train: {epochs: 1, batch: {size: 32}}
     (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
     (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
     (MINIMAL, ["train.epochs"], ["--set expects key.path=value"]),
+    (MINIMAL, ["storage.path=foo://bucket/runs"], ["storage.path: 'foo://bucket/runs' has the scheme 'foo'"]),
+    (MINIMAL, ["storage.path=/no/such/parent/runs"],
+     ["storage.path: '/no/such/parent/runs': its parent folder /no/such/parent does not exist"]),
+    (MINIMAL, ["storage.record_dir=/no/such/parent/records"], ["storage.record_dir: '/no/such/parent/records'"]),
+    (MINIMAL, ["scaling.resources_per_worker={GPU: 1}"], ["scaling: `use_gpu` is False but `GPU` was found"]),
     ("- a list\n", [], ["must hold a mapping of sections"]),
     ("name: [unclosed\n", [], ["is not valid YAML"]),
 ])
@@ -142,3 +147,6 @@ def test_a_failing_loop_exits_1_and_says_why(capsys, tmp_path):
     code, _, err = run(capsys, str(EXAMPLES / "digits_watch.yaml"), "--set", f"storage.path={tmp_path}",
                        "--set", "mlflow.enabled=false", "--set", "train.loss=tests.loops:failing_loss")
     assert code == 1 and "training failed" in err and "loss function failed on purpose" in err
+    (last,) = [line for line in err.splitlines() if line.startswith("ray-ormas train: training failed after")]
+    assert "on rank" in last, last                   # the root cause per rank, in one paragraph: no stack
+    assert "loss function failed on purpose" in last and "Traceback" not in last

@@ -116,6 +116,10 @@ def run(name: str, loop: Callable, storage: str, gpus: int, check: Callable[[Any
 
 
 def main() -> int:
+    import argparse
+    argparse.ArgumentParser(description="DDP + SyncBatchNorm + repair, FSDP2 bf16 and fp16 + GradScaler on every "
+                                        "GPU of this machine (NCCL); exit 0 all passed, 1 a check failed, "
+                                        "2 no CUDA device").parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU machine", file=sys.stderr)
         return 2

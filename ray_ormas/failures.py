@@ -1,0 +1,75 @@
+"""Why a fit failed, in one paragraph: the root cause, without Ray's stack.
+
+Ray Train wraps what went wrong: the loop's own exception sits in a `WorkerGroupError`'s
+`worker_failures` (per rank), a controller failure in a `ControllerError`, an actor that died in
+its constructor in an `ActorDiedError` whose message embeds the whole remote traceback, and a
+remote task's exception in a `RayTaskError.cause`. `describe_failure` walks down to the root
+and says it in one paragraph, `Type: message` per failed rank; the full stacks stay in Ray's
+own log output and in the record's `run_end`.
+
+Hooks relied on: `ray.train.WorkerGroupError.worker_failures`,
+`ray.train.ControllerError.controller_failure`, `ray.exceptions.RayTaskError.cause`, and the
+text of `ActorDiedError` (its last `Type: message` line is the constructor's error).
+"""
+from __future__ import annotations
+
+import re
+
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
+MAX_MESSAGE = 600
+
+
+def root_causes(error: BaseException) -> dict[int | None, BaseException]:
+    """The root exception(s) of `error`: per failed rank for a worker-group failure (rank ->
+    exception), else one under the key None."""
+    failures = getattr(error, "worker_failures", None)
+    if isinstance(failures, dict) and failures:
+        return {rank: _innermost(e) for rank, e in sorted(failures.items())}
+    return {None: _innermost(error)}
+
+
+def describe_failure(error: BaseException) -> str:
+    """One paragraph: what failed, on which ranks, `Type: message` of each root cause."""
+    causes = root_causes(error)
+    by_text: dict[str, list[int | None]] = {}
+    for rank, cause in causes.items():
+        by_text.setdefault(one_line(cause), []).append(rank)
+    parts = []
+    for text, ranks in by_text.items():
+        where = "" if ranks == [None] else f"on rank{'s' if len(ranks) > 1 else ''} " \
+                                          f"{', '.join(str(r) for r in ranks)}: "
+        parts.append(where + text)
+    return "; ".join(parts)
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message`, the message cut to its meaningful part (a remote traceback's last line)."""
+    text = str(error).strip()
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and any(line.lstrip().startswith(("File ", "Traceback")) for line in lines):
+        for line in reversed(lines):
+            m = EXCEPTION_LINE.match(line.strip())
+            if m:
+                return _cut(line.strip())
+    message = " ".join(line.strip() for line in lines) if lines else ""
+    name = type(error).__name__
+    return _cut(f"{name}: {message}" if message else name)
+
+
+def _innermost(error: BaseException) -> BaseException:
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "controller_failure", None)
+        if not isinstance(inner, BaseException):
+            inner = getattr(error, "cause", None)
+        if not isinstance(inner, BaseException):
+            inner = error.__cause__
+        if inner is None:
+            break
+        error = inner
+    return error
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."

@@ -1,0 +1,542 @@
+"""Every command README.md and docs/*.md show runs as written, on a fresh clone after the README's setup.
+
+How (tests/doc_commands.py takes the commands and snippets from the text; nothing is copied here):
+
+* `fresh_clone`: the repository's files are copied to a new folder and the README's demo command
+  runs there exactly as written (a new virtual environment, the install, the demo). That is the
+  README's first command's test, and every other command runs "after the README's setup": with
+  that `.venv/bin` first on PATH, a fresh HOME, and none of this test session's variables
+  (no PYTHONPATH, no RAY_*, no MLFLOW_*).
+* A command that runs here runs as written, in a fresh copy of the clone's files, through bash.
+  Two are shortened, only through options the docs show: `ray-ormas train` gets
+  `--set train.epochs=1` (docs/cli.md), `bench/overhead.py` gets `--models mlp --repeats 1
+  --steps 30 --world-sizes 1 2` (docs/performance.md). Each check is the line or file the docs
+  promise: the record a training names verifies, a dry run says the config is valid, ...
+* A command the text marks as needing what this machine lacks runs the closest thing that does
+  (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script gets
+  `--help`; a training that needs GPUs or S3 gets `--dry-run` with the S3 location made local;
+  a read from S3 reads the demo's run through a `file://` URI instead; `kubectl apply -k DIR`
+  renders DIR with real kustomize and validates it; other kubectl commands have the objects they
+  name looked up in the rendered manifests; docker and kind commands have their Dockerfile and
+  images checked.
+* A synopsis (placeholders) or a bare mention is checked against the program's `--help`.
+* A command no rule covers fails `test_every_command_in_the_docs_has_a_test`: a new command in
+  the docs without a test fails the suite.
+
+Every process a test starts runs in its own session and is killed by its process group; Ray
+daemons that appear during a command and outlive it are killed by pid, and the test fails.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+from ormas_monitor.record import verify_run
+
+from .doc_commands import ROOT, DocCommand, harvest, snippets
+
+COMMANDS = harvest()
+README_DEMO, README_TESTS = [c for c in COMMANDS if c.doc == "README.md" and c.block is not None][:2]
+K8S_VARIANTS = ["k8s/rayjob", "k8s/raycluster", "k8s/overlays/s3", "k8s/overlays/cpu"]
+SHORT_TRAIN = " --set train.epochs=1"
+SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 1 2"
+RAY_DAEMONS = ("raylet", "gcs_server")
+
+
+# ---------------------------------------------------------------------------- processes
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    out: str
+    cwd: Path
+
+
+def ray_daemons() -> set[int]:
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name in RAY_DAEMONS:
+            found.add(int(pid))
+    return found
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> Ran:
+    """Run `script` with bash in its own session; kill what it leaves; fail on leftover Ray daemons."""
+    before = ray_daemons()
+    proc = subprocess.Popen(["bash", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"`{script}` did not finish in {timeout:.0f} s; its output ended with:\n{out[-3000:]}")
+    finally:
+        kill_group(proc)
+    deadline = time.monotonic() + 20
+    while (left := ray_daemons() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)                    # a driver's cluster shuts down as the driver exits
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"`{script}` left Ray daemons running (pids {sorted(left)}, now killed)"
+    return Ran(proc.returncode, out, cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- the clone
+@dataclass
+class Clone:
+    root: Path
+    files: list[str]
+    base: Path
+    demo: Ran | None = None
+
+    def env(self, home: Path) -> dict[str, str]:
+        """The environment the docs describe: the README's venv first on PATH, nothing of ours."""
+        keep = {k: v for k, v in os.environ.items()
+                if not k.startswith(("RAY_", "MLFLOW_", "PYTEST", "PYTHON", "VIRTUAL_ENV"))}
+        path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT))]
+        home.mkdir(parents=True, exist_ok=True)
+        keep.update(PATH=os.pathsep.join([str(self.root / ".venv" / "bin"), *path]), HOME=str(home))
+        return keep
+
+    def copy(self, name: str) -> Path:
+        """A fresh working directory holding the repository's files (no venv, no outputs)."""
+        work = self.base / "work" / name
+        for rel in self.files:
+            dest = work / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.root / rel, dest)
+        return work
+
+
+def repository_files() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split("\n")
+    return [f for f in listed if f and (ROOT / f).is_file()]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Clone:
+    base = tmp_path_factory.mktemp("docs")
+    root = base / "ray-ormas"
+    files = repository_files()
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, root / rel)
+    c = Clone(root, files, base)
+    c.demo = bash(README_DEMO.text, cwd=root, env=c.env(base / "home-demo"), timeout=1500)
+    return c
+
+
+def slug(command: DocCommand) -> str:
+    return re.sub(r"[^\w]+", "-", command.id)
+
+
+# ---------------------------------------------------------------------------- runs, cached by text
+_runs: dict[str, Ran] = {}
+
+
+def run_once(key: str, make: Callable[[], Ran]) -> Ran:
+    if key not in _runs:
+        _runs[key] = make()
+    return _runs[key]
+
+
+def shortened(text: str) -> str:
+    text = re.sub(r"(ray-ormas train (?:(?!--dry-run)[^\n])*?)$", lambda m: m.group(1) + SHORT_TRAIN, text,
+                  flags=re.M) if "--dry-run" not in text else text
+    if "bench/overhead.py" in text:
+        text += SHORT_BENCH
+    return text
+
+
+def records_named(out: str) -> list[Path]:
+    return [Path(p) for p in re.findall(r"^\s*record: (\S+)$", out, re.M)]
+
+
+def check_training_output(ran: Ran) -> None:
+    assert ran.code == 0, ran.out[-4000:]
+    records = records_named(ran.out)
+    assert records, "the summary names no record:\n" + ran.out[-3000:]
+    for record in records:
+        report = verify_run(record)
+        assert report.ok, (record, report)
+        assert (record / "report.html").is_file()
+
+
+def run_here(clone: Clone, command: DocCommand) -> Ran:
+    """A runnable command, as written (shortened as the docs allow), in a fresh copy."""
+    text = shortened(command.text)
+
+    def make() -> Ran:
+        work = clone.copy(slug(command))
+        return bash(text, cwd=work, env=clone.env(work / "home"), timeout=900)
+    return run_once(text, make)
+
+
+# ---------------------------------------------------------------------------- closest things
+class RayHead:
+    """A Ray head node started here with `ray start --head` (token authentication, as Ray 2.60
+    does by default), in its own session and temp dir; stopped by its process group."""
+
+    def __init__(self, clone: Clone) -> None:
+        self.home = clone.base / "home-head"
+        self.env = clone.env(self.home)
+        self.temp_dir = Path("/tmp") / f"rod-{os.getpid()}"
+        self.port = free_port()
+        ray = str(clone.root / ".venv" / "bin" / "ray")
+        self.log = clone.base / "head.log"
+        self.proc = subprocess.Popen(
+            [ray, "start", "--head", "--block", f"--port={free_port()}", "--node-ip-address=127.0.0.1",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.port}", "--include-dashboard=true",
+             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+             f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+             f"--metrics-export-port={free_port()}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
+             "--disable-usage-stats"],
+            env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.address = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while subprocess.run([ray, "job", "list", "--address", self.address], env=self.env,
+                             capture_output=True).returncode != 0:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
+            time.sleep(2)
+
+    @property
+    def token(self) -> str:
+        return (self.home / ".ray" / "auth_token").read_text().strip()
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        subprocess.run(["pkill", "-9", "-f", str(self.temp_dir)], check=False)   # the job's driver, Ray's daemons
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head(clone):
+    head = RayHead(clone)
+    yield head
+    head.stop()
+
+
+def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -> None:
+    """The whole block as written, against a head started here: HEAD:8265 is that head's
+    dashboard, RAY_ADDRESS is set when the text says it is, token.txt holds its token."""
+    assert command.block is not None
+    lines = [c.text for c in COMMANDS if c.block == command.block]
+    script = "\n".join(shortened(line) for line in lines).replace("HEAD:8265", f"127.0.0.1:{head.port}")
+    assert not command.has_placeholder() or "HEAD" in command.text, command.text
+
+    def make() -> Ran:
+        work = clone.copy(slug(command))
+        (work / "token.txt").write_text(head.token)
+        env = dict(head.env)
+        if "RAY_ADDRESS" in (command.needs or ""):
+            env["RAY_ADDRESS"] = head.address
+        return bash("set -e\n" + script, cwd=work, env=env, timeout=900)
+    check_training_output(run_once(script, make))
+
+
+def closest_dry_run(clone: Clone, command: DocCommand) -> None:
+    """A training that needs GPUs, S3 or Kubernetes: the same `ray-ormas train`, S3 and cluster
+    locations made local, with `--dry-run` (everything but the training)."""
+    inner = command.text[command.text.index("ray-ormas train"):]
+    work = clone.copy(slug(command))
+    storage = work / "storage"
+    storage.mkdir()
+    if "/etc/ray-ormas/config.yaml" in inner:          # the ConfigMap's file, as the pod mounts it
+        (config_map,) = [o for o in rendered("k8s/raycluster") if o["kind"] == "ConfigMap"]
+        (name, body), = config_map["data"].items()
+        (work / name).write_text(body)
+        inner = inner.replace("/etc/ray-ormas/config.yaml", name)
+    inner = re.sub(r"s3://\S+", str(storage), inner).replace("/mnt/ray-runs", str(storage))
+    ran = bash(inner + " --dry-run", cwd=work, env=clone.env(work / "home"), timeout=300)
+    assert ran.code == 0 and "config is valid" in ran.out, ran.out[-3000:]
+
+
+def closest_s3_read(clone: Clone, command: DocCommand) -> None:
+    """`ray-ormas report|export s3://...`: the demo's run, through a file:// URI instead."""
+    run = clone.root / "ray_ormas_demo" / "digits-repair"
+    assert run.is_dir(), "the README's demo wrote no digits-repair run"
+    text = re.sub(r"s3://\S+", f"file://{run}", command.text)
+    work = clone.copy(slug(command))
+    ran = bash(text, cwd=work, env=clone.env(work / "home"), timeout=300)
+    assert ran.code == 0, ran.out[-3000:]
+    out = work / command.words[command.words.index("--out") + 1]
+    wanted = "report.html" if command.words[1] == "report" else "metrics.parquet"
+    assert list(out.rglob(wanted)), (wanted, sorted(out.rglob("*")))
+
+
+def closest_help(clone: Clone, command: DocCommand) -> None:
+    """A synopsis, a mention, or a script that needs a GPU: its `--help` runs, and names every
+    option the text shows."""
+    words = [w for w in command.words if not w.startswith("[")]
+    prefix = []
+    for w in words:
+        if w.startswith("-") or w in ("...", "|") or re.search(r"[A-Z<./]", w) and prefix and \
+                not w.endswith(".py"):
+            break
+        prefix.append(w)
+    options = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.text)) - {"--help"}
+    script = shlex.join(prefix) + " --help"
+    ran = run_once(script, lambda: bash(script, cwd=clone.root, env=clone.env(clone.base / "home-help"),
+                                        timeout=120))
+    assert ran.code == 0, ran.out[-2000:]
+    missing = [o for o in options if o not in ran.out]
+    assert not missing, f"{' '.join(prefix)} --help does not know {missing}"
+
+
+@functools.lru_cache(maxsize=None)
+def rendered(variant: str) -> tuple[dict[str, Any], ...]:
+    out = subprocess.run(["kubectl", "kustomize", str(ROOT / variant)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return tuple(o for o in yaml.safe_load_all(out.stdout) if o)
+
+
+def validate(objects: tuple[dict[str, Any], ...]) -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    from .test_k8s import KUBERNETES_VERSION, crd_schema
+    for obj in objects:
+        if obj["apiVersion"] == "ray.io/v1":
+            errors = list(jsonschema.Draft7Validator(crd_schema(obj["kind"])).iter_errors(obj))
+            assert not errors, [e.message for e in errors[:5]]
+        else:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def named(kind: str, name: str) -> list[dict[str, Any]]:
+    return [o for v in K8S_VARIANTS for o in rendered(v) if o["kind"] == kind and o["metadata"]["name"] == name]
+
+
+def closest_kubernetes(clone: Clone, command: DocCommand) -> None:
+    """kubectl, helm and kind without a cluster: render and validate what `apply -k` would
+    apply; look up the objects the other commands name; check the images they load."""
+    text, words = command.text, command.words
+    if "kubectl get secret" in text:                      # KubeRay's token Secret, named after the RayCluster
+        name = re.search(r"kubectl get secret (?:-n \S+ )?(\S+)", text).group(1)
+        clusters = named("RayCluster", name)
+        assert clusters and all(c["spec"]["authOptions"]["mode"] == "token" for c in clusters), name
+    elif words[0] == "helm":                            # the operator's CRDs are what the manifests must fit
+        validate(rendered("k8s/rayjob"))
+    elif words[0] == "kind":
+        image = words[-1].replace("REGISTRY/", "")
+        assert any(image in yaml.safe_dump(list(rendered(v))) for v in K8S_VARIANTS) or \
+            image.replace("-cpu", "-gpu") in yaml.safe_dump(list(rendered("k8s/overlays/cpu"))), image
+        assert "-cpu" in image and "-cpu" in yaml.safe_dump(list(rendered("k8s/overlays/cpu"))), image
+    elif words[1:3] == ["apply", "-k"] and len(words) > 3 and (ROOT / words[3]).is_dir():
+        validate(rendered(words[3]))
+    elif words[1] == "kustomize":
+        for variant in K8S_VARIANTS:
+            validate(rendered(variant))
+    elif words[1:3] == ["create", "namespace"]:
+        ran = bash(text + " --dry-run=client -o yaml", cwd=clone.root, env=clone.env(clone.base / "home-k"),
+                   timeout=60)
+        assert ran.code == 0 and "kind: Namespace" in ran.out, ran.out
+    elif words[1] == "get" and len(words) > 3 and not words[3].startswith("-"):
+        assert named({"rayjob": "RayJob", "raycluster": "RayCluster"}[words[2]], words[3]), text
+    elif words[1] == "logs" and "job-name=" in text:     # KubeRay names the submitter Job after the RayJob
+        assert named("RayJob", re.search(r"job-name=(\S+)", text).group(1)), text
+    elif words[1] == "port-forward":
+        service, (local, remote) = words[2].removeprefix("svc/"), words[3].split(":")
+        if service.endswith("-head-svc"):               # KubeRay's head Service of a RayCluster
+            assert named("RayCluster", service.removesuffix("-head-svc")) and remote == "8265", text
+        else:
+            ports = [p["port"] for s in named("Service", service) for p in s["spec"]["ports"]]
+            assert int(remote) in ports, (service, ports)
+    else:                                               # no object named: the syntax is kubectl's
+        ran = bash(shlex.join(words[:2]) + " --help", cwd=clone.root, env=clone.env(clone.base / "home-k"),
+                   timeout=60)
+        assert ran.code == 0, ran.out
+
+
+def closest_docker(clone: Clone, command: DocCommand) -> None:
+    """docker build: the Dockerfile, its build arguments and copied files; docker push: the
+    image is one the manifests pull."""
+    words = command.words
+    image = words[words.index("-t") + 1] if "-t" in words else words[-1]
+    manifests = yaml.safe_dump([o for v in K8S_VARIANTS for o in rendered(v)])
+    variant = image.rsplit("-", 1)[-1]
+    assert image in manifests or variant == "cpu", (image, "is pulled by no manifest")
+    if words[1] != "build":
+        return
+    dockerfile = (ROOT / words[words.index("-f") + 1]).read_text()
+    declared = set(re.findall(r"^ARG (\w+)", dockerfile, re.M))
+    for arg in (words[i + 1].split("=")[0] for i, w in enumerate(words) if w == "--build-arg"):
+        assert arg in declared, (arg, declared)
+    for sources in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", dockerfile, re.M):
+        for source in sources.split():
+            assert (ROOT / words[-1] / source).exists(), source
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    ray_version = re.search(r"rayproject/ray:([\d.]+)-", dockerfile).group(1)
+    assert f"ray-ormas:{version}-ray{ray_version}-" in image, (image, version, ray_version)
+
+
+def closest_server(clone: Clone, command: DocCommand) -> None:
+    """`mlflow ui ...` in the clone, after the README's demo: it answers on 127.0.0.1:5000."""
+    proc = subprocess.Popen(["bash", "-c", command.text], cwd=clone.root, env=clone.env(clone.base / "home-ui"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "the server exited"
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:5000/api/2.0/mlflow/experiments/search"
+                                            "?max_results=10", timeout=5) as r:
+                    assert r.status == 200 and b"ray-ormas" in r.read()
+                    return
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer in 120 s"
+                time.sleep(2)
+    finally:
+        kill_group(proc)
+        proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------- the plan
+def plan(command: DocCommand) -> str:
+    """How a command is tested (the name of a check below), or "" when no rule covers it."""
+    needs, text, program = (command.needs or ""), command.text, command.program
+    if command == README_DEMO:
+        return "readme_demo"
+    if command == README_TESTS:
+        return "readme_tests"
+    if program in ("kubectl", "helm", "kind") or "$(kubectl" in text:
+        return "kubernetes" if needs else ""
+    if program == "docker":
+        return "docker" if needs else ""
+    if needs:
+        if "Ray cluster" in needs and not re.search("GPU|S3", needs) and command.block is not None:
+            return "ray_cluster"
+        if "ray-ormas train" in text and not command.has_placeholder() or \
+                "ray-ormas train" in text and re.search("GPU|S3|Kubernetes", needs) and "s3://BUCKET" in text:
+            return "dry_run"
+        if re.match(r"ray-ormas (report|export) s3://", text):
+            return "s3_read"
+        if "GPU" in needs and program.startswith("python"):
+            return "help"
+        if command.has_placeholder():
+            return "help"
+        return ""
+    if command.has_placeholder() or command.is_mention():
+        return "help"
+    if text == "ray-ormas demo":
+        return "demo"
+    if text.startswith(("python3.11 -m venv", "pip install")):
+        return "install"
+    if re.match(r"mlflow (ui|server)\b", text):
+        return "server"
+    if text.startswith("ray-ormas train"):
+        return "train"
+    return "run"
+
+
+def test_every_command_in_the_docs_has_a_test():
+    unplanned = [f"{c.id}: {c.text}" + (f"  (needs: {c.needs})" if c.needs else "") for c in COMMANDS if not plan(c)]
+    assert not unplanned, "commands in the docs with no test (mark what they need, or add a rule):\n" + \
+        "\n".join(unplanned)
+    assert README_DEMO.text.endswith("ray-ormas demo") and README_TESTS.text.endswith("python -m pytest")
+    assert {plan(c) for c in COMMANDS} >= {"train", "help", "kubernetes", "docker", "ray_cluster", "dry_run",
+                                           "s3_read", "server", "run", "install"}
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.id for c in COMMANDS])
+def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, request):
+    how = plan(command)
+    assert clone.demo is not None and clone.demo.code == 0, \
+        "the README's demo command failed on a fresh clone:\n" + clone.demo.out[-4000:]
+    if how == "readme_demo":
+        assert "test acc" in clone.demo.out and "repair" in clone.demo.out, clone.demo.out[-3000:]
+    elif how == "readme_tests":                   # CI runs it, word for word (tests/test_readme.py)
+        ci = (ROOT / ".ci" / "run").read_text().splitlines()
+        assert command.text in ci
+    elif how == "demo":                           # the same command as the README's, in the same setup
+        assert README_DEMO.text.endswith("&& .venv/bin/" + command.text)
+    elif how == "install":
+        ran = run_once(command.text, lambda: bash(command.text, cwd=clone.root, env=clone.env(clone.base / "home-i"),
+                                                  timeout=900))
+        assert ran.code == 0, ran.out[-3000:]
+    elif how == "train":
+        ran = run_here(clone, command)
+        if "--dry-run" in command.text:
+            assert ran.code == 0 and "config is valid" in ran.out, ran.out[-3000:]
+        else:
+            check_training_output(ran)
+    elif how == "run":
+        ran = run_here(clone, command)
+        assert ran.code == 0, ran.out[-3000:]
+        if command.text == "python -m ray_ormas.job_config":
+            assert ran.out.strip() in (ROOT / "docs" / "cli.md").read_text()
+        if command.program == "grep":
+            assert ran.out.strip(), "grep found nothing"
+    elif how == "ray_cluster":
+        closest_on_a_ray_cluster(clone, command, request.getfixturevalue("ray_head"))
+    elif how == "dry_run":
+        closest_dry_run(clone, command)
+    elif how == "s3_read":
+        closest_s3_read(clone, command)
+    elif how == "help":
+        closest_help(clone, command)
+    elif how == "kubernetes":
+        closest_kubernetes(clone, command)
+    elif how == "docker":
+        closest_docker(clone, command)
+    elif how == "server":
+        closest_server(clone, command)
+    else:
+        pytest.fail(f"no test for {command.id}: {command.text}")
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("snippet", snippets(), ids=[s.id for s in snippets()])
+def test_the_python_snippets_run_as_written(snippet, clone: Clone):
+    work = clone.copy(re.sub(r"[^\w]+", "-", snippet.id))
+    (work / "snippet.py").write_text(snippet.code)
+    home = work / "home"
+    ran = bash("python snippet.py", cwd=work, env=clone.env(home), timeout=900)
+    assert ran.code == 0, ran.out[-4000:]
+    segments = [p for p in (*home.glob("ray_results/*/ormas/model/segment-*"),
+                            *work.glob("runs/*/ormas/model/segment-*")) if p.is_dir()]
+    assert segments, "the snippet's run left no record where the docs say"
+    for segment in segments:
+        assert verify_run(segment).ok, segment
