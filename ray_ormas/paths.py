@@ -97,6 +97,8 @@ def resolve_location(value: str | os.PathLike, key: str) -> ResolvedLocation:
         if expanded != given:
             note = f"{key} {given!r} is {absolute}"
     parent = os.path.dirname(absolute)
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise StoragePathError(f"{key}: {given!r}: {parent} is a file, not a folder; choose a folder: {INSTEAD}")
     if not os.path.isdir(parent):
         raise StoragePathError(
             f"{key}: {given!r}: its parent folder {parent} does not exist (a typo?); create it first "

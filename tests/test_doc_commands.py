@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -64,15 +65,18 @@ class Ran:
     cwd: Path
 
 
-def ray_daemons() -> set[int]:
+def ray_daemons(home: str) -> set[int]:
+    """Ray daemons started by a command run with HOME=`home` (they inherit its environment), and
+    no one else's: the session's own cluster and other tests' heads have other HOMEs."""
     found = set()
+    mark = f"HOME={home}".encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
+            if name in RAY_DAEMONS and mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.add(int(pid))
         except OSError:
             continue
-        if name in RAY_DAEMONS:
-            found.add(int(pid))
     return found
 
 
@@ -85,7 +89,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> Ran:
     """Run `script` with bash in its own session; kill what it leaves; fail on leftover Ray daemons."""
-    before = ray_daemons()
+    before = ray_daemons(env["HOME"])
     proc = subprocess.Popen(["bash", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -97,7 +101,7 @@ def bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> Ran:
     finally:
         kill_group(proc)
     deadline = time.monotonic() + 20
-    while (left := ray_daemons() - before) and time.monotonic() < deadline:
+    while (left := ray_daemons(env["HOME"]) - before) and time.monotonic() < deadline:
         time.sleep(0.5)                    # a driver's cluster shuts down as the driver exits
     for pid in left:
         os.kill(pid, signal.SIGKILL)
@@ -205,16 +209,20 @@ def run_here(clone: Clone, command: DocCommand) -> Ran:
 
 # ---------------------------------------------------------------------------- closest things
 class RayHead:
-    """A Ray head node started here with `ray start --head` (token authentication, as Ray 2.60
-    does by default), in its own session and temp dir; stopped by its process group."""
+    """A Ray head node started here with `ray start --head`, in its own session and temp dir,
+    with token authentication when asked (RAY_AUTH_MODE=token and a random token, in the head's
+    environment only); stopped by its process group."""
 
-    def __init__(self, clone: Clone) -> None:
-        self.home = clone.base / "home-head"
+    def __init__(self, clone: Clone, *, token: bool = False) -> None:
+        name = "head-token" if token else "head"
+        self.home = clone.base / f"home-{name}"
         self.env = clone.env(self.home)
-        self.temp_dir = Path("/tmp") / f"rod-{os.getpid()}"
+        self.token = secrets.token_hex(32) if token else ""
+        head_env = {**self.env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token} if token else self.env
+        self.temp_dir = Path("/tmp") / f"rod-{name}-{os.getpid()}"
         self.port = free_port()
         ray = str(clone.root / ".venv" / "bin" / "ray")
-        self.log = clone.base / "head.log"
+        self.log = clone.base / f"{name}.log"
         self.proc = subprocess.Popen(
             [ray, "start", "--head", "--block", f"--port={free_port()}", "--node-ip-address=127.0.0.1",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={self.port}", "--include-dashboard=true",
@@ -222,18 +230,14 @@ class RayHead:
              f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
              f"--metrics-export-port={free_port()}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
              "--disable-usage-stats"],
-            env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            env=head_env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         self.address = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
-        while subprocess.run([ray, "job", "list", "--address", self.address], env=self.env,
+        while subprocess.run([ray, "job", "list", "--address", self.address], env=head_env,
                              capture_output=True).returncode != 0:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
             time.sleep(2)
-
-    @property
-    def token(self) -> str:
-        return (self.home / ".ray" / "auth_token").read_text().strip()
 
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
@@ -252,6 +256,13 @@ class RayHead:
 @pytest.fixture(scope="module")
 def ray_head(clone):
     head = RayHead(clone)
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_head_with_token(clone):
+    head = RayHead(clone, token=True)
     yield head
     head.stop()
 
@@ -352,8 +363,9 @@ def closest_kubernetes(clone: Clone, command: DocCommand) -> None:
     """kubectl, helm and kind without a cluster: render and validate what `apply -k` would
     apply; look up the objects the other commands name; check the images they load."""
     text, words = command.text, command.words
-    if "kubectl get secret" in text:                      # KubeRay's token Secret, named after the RayCluster
-        name = re.search(r"kubectl get secret (?:-n \S+ )?(\S+)", text).group(1)
+    secret = re.search(r"kubectl get secret (?:-n \S+ )?(\S+)", text)
+    if secret:                                          # KubeRay's token Secret, named after the RayCluster
+        name = secret.group(1)
         clusters = named("RayCluster", name)
         assert clusters and all(c["spec"]["authOptions"]["mode"] == "token" for c in clusters), name
     elif words[0] == "helm":                            # the operator's CRDs are what the manifests must fit
@@ -430,6 +442,11 @@ def closest_server(clone: Clone, command: DocCommand) -> None:
     finally:
         kill_group(proc)
         proc.wait(timeout=30)
+
+
+CLOSEST: dict[str, Callable[[Clone, DocCommand], None]] = {
+    "dry_run": closest_dry_run, "s3_read": closest_s3_read, "help": closest_help,
+    "kubernetes": closest_kubernetes, "docker": closest_docker, "server": closest_server}
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -510,19 +527,10 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
         if command.program == "grep":
             assert ran.out.strip(), "grep found nothing"
     elif how == "ray_cluster":
-        closest_on_a_ray_cluster(clone, command, request.getfixturevalue("ray_head"))
-    elif how == "dry_run":
-        closest_dry_run(clone, command)
-    elif how == "s3_read":
-        closest_s3_read(clone, command)
-    elif how == "help":
-        closest_help(clone, command)
-    elif how == "kubernetes":
-        closest_kubernetes(clone, command)
-    elif how == "docker":
-        closest_docker(clone, command)
-    elif how == "server":
-        closest_server(clone, command)
+        head = "ray_head_with_token" if "token" in (command.needs or "") else "ray_head"
+        closest_on_a_ray_cluster(clone, command, request.getfixturevalue(head))
+    elif how in CLOSEST:
+        CLOSEST[how](clone, command)
     else:
         pytest.fail(f"no test for {command.id}: {command.text}")
 
