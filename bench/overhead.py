@@ -9,7 +9,8 @@ Ray's 2 s report poll), runs plain `TorchTrainer`, `RayOrmasTrainer` watch-only 
 (`--with-report`: also watch with a report at every check) `--repeats` times, interleaved, on one
 local Ray cluster, and prints per configuration: the median step time (median over repeats of
 each run's median; min-max of the run medians), the ratio to plain, the median time of sampled
-(check) and unsampled steps, the cost of one check, and the time from fit() to the first step.
+(check) and unsampled steps, the cost of one check, the time from fit() to the first step and
+its ratio to plain (`watch` tracks in MLflow, as by default; `watch-nomlflow` does not).
 Step times are measured on rank 0 inside the loop (forward, backward, mon.step, optimizer step).
 
     python bench/overhead.py --paired [--models digits] [--repeats 5]
@@ -45,7 +46,8 @@ WARMUP = 20
 MODELS = ("digits", "wide", "mlp")
 CONFIGS = {
     "plain": None,
-    "watch": {"repair": False},
+    "watch": {"repair": False},                        # MLflow on (the default: the embedded store)
+    "watch-nomlflow": {"repair": False, "mlflow": False},
     "repair": {"repair": True},
 }
 WITH_REPORT = {"watch+report": {"repair": False, "report_every": 1}}
@@ -272,6 +274,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], check_every: int) -> list[d
         row["mean_ratio"] = row["mean_ms"] / plain["mean_ms"]
         row["unsampled_ratio"] = row["unsampled_ms"] / plain["unsampled_ms"]
         row["check_cost_ms"] = row["sampled_ms"] - plain["sampled_ms"]
+        row["startup_ratio"] = row["startup_s"] / plain["startup_s"]
     return rows
 
 
@@ -288,13 +291,14 @@ def run_table(args: argparse.Namespace) -> None:
         print(f"\n{model}: {args.workers} workers ({args.device}, {args.precision}), batch {args.batch_size}/rank, "
               f"{args.steps} steps, check_every={args.check_every}, {args.repeats} repeats interleaved; "
               f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-        print(f"{'config':<13} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ratio':>10} "
-              f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} {'fit s':>6}")
+        print(f"{'config':<15} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ratio':>10} "
+              f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} {'start ratio':>11} "
+              f"{'fit s':>6}")
         for r in rows:
-            print(f"{r['config']:<13} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} "
+            print(f"{r['config']:<15} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} "
                   f"{r['ratio']:>6.3f} {r['mean_ratio']:>10.3f} {r['unsampled_ms']:>9.2f} "
                   f"{r['unsampled_ratio']:>12.3f} {r['sampled_ms']:>8.2f} {r['check_cost_ms']:>10.2f} "
-                  f"{r['startup_s']:>9.1f} {r['fit_s']:>6.1f}", flush=True)
+                  f"{r['startup_s']:>9.2f} {r['startup_ratio']:>11.3f} {r['fit_s']:>6.1f}", flush=True)
         print()
 
 

@@ -4,6 +4,7 @@
     ray-ormas demo                       the digits demo on a local Ray cluster
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment, from run storage
     ray-ormas export RUN --out DIR       events.parquet and metrics.parquet of every segment
+    ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage)
 
 `train` starts a local Ray cluster when none is running, and joins the cluster under
 `ray job submit` (Ray sets RAY_ADDRESS for the job). RUN is a run's folder
@@ -53,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     e.add_argument("--out", required=True, help="local folder for events.parquet and metrics.parquet")
     e.add_argument("--monitor", help="only this monitor (default: all)")
+    m = sub.add_parser("mlflow-sync", help="bring a run's MLflow run up to date from its record (after an outage)",
+                       description="Send to MLflow whatever the run's record and MLflow journal hold that the "
+                                   "MLflow run lacks (monitor rows and events, the loop's reported metrics, "
+                                   "checkpoints, the record's files, the final status); create the run if the "
+                                   "tracker was down for the whole fit. Running it twice adds nothing. Exit 0: "
+                                   "up to date; 1: the tracker is unreachable (nothing changed); 2: no record or "
+                                   "no MLflow journal at RUN.")
+    m.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
+    m.add_argument("--tracking-uri", help="send to this tracking server instead of the one the fit used")
     return p
 
 
@@ -77,12 +87,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RecordStorageError, OSError) as e:
         print(f"ray-ormas {args.command}: {e}", file=sys.stderr)
         return 2
+    if args.command == "mlflow-sync":
+        return _mlflow_sync(records, args.tracking_uri)
     if args.command == "export":
         paths = records.write_parquet(args.out, monitor=args.monitor)
         for kind, path in paths.items():
             print(f"{kind}: {path}")
         return 0
     return _report(records, Path(args.out), args.monitor)
+
+
+def _mlflow_sync(records, tracking_uri: str | None) -> int:
+    from .mlflow_sync import read_journals, sync_fit
+    from .tracking import first_line, quick_requests, shown
+    journals = read_journals(records.store)
+    if not journals:
+        print(f"ray-ormas mlflow-sync: no MLflow journal under {records.store.shown()} (its .mlflow/ folder): the "
+              f"run was trained with mlflow=False, or by a ray-ormas before 0.3", file=sys.stderr)
+        return 2
+    quick_requests(10.0)
+    from mlflow import MlflowClient
+    clients = {}
+    for uri in {tracking_uri or j["tracking_uri"] for j in journals}:
+        client = MlflowClient(tracking_uri=uri)
+        try:
+            client.search_experiments(max_results=1)
+        except Exception as e:
+            print(f"ray-ormas mlflow-sync: MLflow at {shown(uri)} is unreachable ({type(e).__name__}: "
+                  f"{first_line(e)}); nothing was changed. Run it again when the tracker answers, or give "
+                  f"--tracking-uri", file=sys.stderr)
+            return 1
+        clients[uri] = client
+    for journal in journals:
+        uri = tracking_uri or journal["tracking_uri"]
+        try:
+            r = sync_fit(clients[uri], records, journal, finished=True)
+        except Exception as e:
+            print(f"ray-ormas mlflow-sync: fit {journal['fit_id']}: {type(e).__name__}: {first_line(e)}",
+                  file=sys.stderr)
+            return 1
+        what = "created; " if r.created else ""
+        closed = f"; set {r.closed}" if r.closed else ""
+        print(f"run {r.run_id} at {shown(uri)}: {what}{r.sent} metric values and {r.artifacts} files sent{closed}")
+        for path in r.missing_checkpoints:
+            print(f"    checkpoint {path} is no longer in storage; not uploaded")
+    return 0
 
 
 def _report(records, out: Path, monitor: str | None) -> int:

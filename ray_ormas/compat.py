@@ -20,6 +20,17 @@ condition under which it switches itself off.
   stays rank 0's own, as under DDP. It is a collective, so every rank must run the same checks,
   which is the same contract the monitor has under DDP. It turns itself off when the installed
   ormas-monitor's `_read_scalars` handles DTensors itself (its source mentions them).
+
+* `MetricNaming`: the MLflow metric names and values of a record row or event are ormas-monitor's
+  own (`MLflowSink`: `ormas/loss`, `ormas/grad_norm/<layer>`, `ormas/stuck_channels/<layer>`,
+  `ormas/stuck_channels_total`, `ormas/events/<event>`). `MLflowSink` sends them with MLflow's
+  fluent API, which logs into the process's "active run"; ray-ormas's head-node writer logs
+  into one given run, retries, and fills gaps from the record. So the sink's `mlflow` module
+  (its private `_mlflow` attribute) is replaced by a recorder that only collects the
+  (name, value, step) it would log. Checked when the writer starts, on a known row: if the
+  installed ormas-monitor has no such attribute or names a row differently, the writer fails
+  loudly (`OrmasCompatError`), never silently logs nothing. It can go when ormas-monitor exposes
+  the naming itself (a public `metrics_of(row)` or a sink that takes a client).
 """
 from __future__ import annotations
 
@@ -35,6 +46,57 @@ from ormas_monitor import Monitor
 OWN_FSDP_NOTE = "under FSDP each rank sees gradient norms of its own shards; rank 0's are recorded"
 GLOBAL_NORMS_NOTE = ("under FSDP2 ray-ormas records global gradient norms: each rank's squared shard norms are "
                      "summed over the shards by one all-reduce per check (ray_ormas.compat)")
+
+
+class OrmasCompatError(RuntimeError):
+    """The installed ormas-monitor no longer behaves as a ray-ormas workaround expects."""
+
+
+class _Recorder:
+    """Stands in for the `mlflow` module inside MLflowSink: collects what it would log."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, float, int]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.entries += [(k, float(v), int(step)) for k, v in metrics.items()]
+
+    def log_metric(self, key: str, value: float, step: int) -> None:
+        self.entries.append((key, float(value), int(step)))
+
+
+class MetricNaming:
+    """ormas-monitor's MLflow names for a row or an event, as (name, value, step) triples."""
+
+    _PROBE = {"step": 7, "loss": 0.5, "grad": {"probe": 2.0}, "stuck": {"probe": [1, 0, 0, 0]}}
+
+    def __init__(self, prefix: str) -> None:
+        from ormas_monitor.integrations.sinks import MLflowSink
+        self._sink = MLflowSink(prefix=prefix)
+        if not hasattr(self._sink, "_mlflow"):
+            raise OrmasCompatError(_naming_changed("MLflowSink has no `_mlflow` attribute any more"))
+        self._recorder = _Recorder()
+        self._sink._mlflow = self._recorder
+        got = set(self.entries("metrics", self._PROBE))
+        want = {(f"{prefix}/loss", 0.5, 7), (f"{prefix}/grad_norm/probe", 2.0, 7),
+                (f"{prefix}/stuck_channels/probe", 1.0, 7), (f"{prefix}/stuck_channels_total", 1.0, 7)}
+        if not want <= got or self.entries("event", {"event": "probe", "step": 7}) != [(f"{prefix}/events/probe",
+                                                                                        1.0, 7)]:
+            raise OrmasCompatError(_naming_changed(f"a probe row was named {sorted(got)}"))
+
+    def entries(self, kind: str, payload: dict[str, Any]) -> list[tuple[str, float, int]]:
+        """What MLflowSink would log for `payload` (its step already the run's step)."""
+        self._recorder.entries = []
+        self._sink(kind, payload)
+        return self._recorder.entries
+
+
+def _naming_changed(what: str) -> str:
+    import ormas_monitor
+    return (f"ray-ormas takes its MLflow metric names from ormas-monitor's MLflowSink, and the installed "
+            f"ormas-monitor {getattr(ormas_monitor, '__version__', '?')} changed it ({what}). Install the "
+            f"ormas-monitor version ray-ormas pins (pip install -c constraints/ci.txt ...), or track with "
+            f"RayOrmasTrainer(mlflow=False) until ray-ormas is updated")
 
 
 def flush_metrics(monitor: Any) -> bool:

@@ -8,7 +8,9 @@ scikit-learn's bundled 8x8 digits images (no download), a small Conv -> BatchNor
             layers and proves (certificate) that they cannot recover
   repair    the same lesion; the monitor repairs the channels it proved dead, identically on every rank
 
-It prints test accuracy, channels repaired and the report paths. The training loop below is the
+It prints test accuracy, channels repaired and the report paths. The three runs go to one MLflow
+store (`<out>/mlflow.db`, experiment `ray-ormas-demo`), and the demo prints the `mlflow ui`
+command that shows them side by side. The training loop below is the
 whole integration: `ray_ormas.prepare_model`, `ray_ormas.monitor`, `mon.step(loss)`.
 """
 from __future__ import annotations
@@ -145,6 +147,9 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
         print(f"starting a local Ray cluster ({workers} workers, gloo on CPU)...", flush=True)
         ray.init(num_cpus=max(workers, 2), include_dashboard=False, log_to_driver=verbose)
     storage = str(Path(out).resolve())
+    store = Path(storage) / "mlflow.db"
+    Path(storage).mkdir(parents=True, exist_ok=True)
+    tracking = ray_ormas.MLflowSettings(tracking_uri=f"sqlite:///{store}", experiment_name="ray-ormas-demo")
     results = []
     for arm in arms:
         print(f"--- {arm}: {'healthy network' if arm == 'healthy' else 'conv2 and conv3 zeroed'}, "
@@ -153,7 +158,7 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
         trainer = ray_ormas.RayOrmasTrainer(
             train_loop, train_loop_config={"seed": seed, "lesion": arm != "healthy", "epochs": epochs, "lr": lr,
                                            "batch_size": batch_size},
-            repair=arm == "repair", check_every=check_every, verbose=verbose,
+            repair=arm == "repair", check_every=check_every, verbose=verbose, mlflow=tracking,
             scaling_config=ScalingConfig(num_workers=workers),
             run_config=RunConfig(name=f"digits-{arm}", storage_path=storage))
         result = trainer.fit()
@@ -165,7 +170,17 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
                                  seconds=time.time() - t))
         print(f"    test accuracy {results[-1].accuracy:.1f}% ({results[-1].seconds:.0f} s)", flush=True)
     print_table(results)
+    print(f"\nthe three runs side by side in MLflow (experiment ray-ormas-demo):\n"
+          f"  mlflow ui --backend-store-uri sqlite:///{_as_typed(store)}")
     return results
+
+
+def _as_typed(path: Path) -> str:
+    """A path under the working directory as a relative one (what a user would type), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def print_table(results: list[ArmResult]) -> None:

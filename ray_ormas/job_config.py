@@ -166,6 +166,16 @@ class MLflowSection(Section):
     experiment: str = Field("ray-ormas", description="MLflow experiment name")
     run_name: str | None = Field(None, description="MLflow run name (null: the run's name)")
     tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags")
+    run_id: str | None = Field(None, description="continue this existing MLflow run instead of creating one")
+    request_timeout_s: float = Field(5.0, gt=0, description="each tracking request gives up after this long "
+                                                            "(the head node then holds the rows and retries)")
+    log_checkpoints: Literal["none", "last", "best", "all"] = Field("none", description="reported checkpoints "
+                                                                    "uploaded as MLflow artifacts")
+    checkpoint_metric: str | None = Field(None, description="the reported metric that ranks checkpoints for "
+                                                            "`log_checkpoints: best`")
+    checkpoint_mode: Literal["min", "max"] = Field("min", description="`min` or `max` of `checkpoint_metric`")
+    max_pending: int = Field(100_000, ge=1000, description="metric values held on the head node while MLflow is "
+                                                           "down (the record keeps all)")
 
 
 class StorageSection(Section):

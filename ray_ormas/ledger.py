@@ -163,16 +163,25 @@ def _describe(seen: dict[int, Arrival]) -> str:
 
 
 class LedgerCallback(UserCallback):
-    """Controller-side callback: forwards every report that carries ray-ormas facts to the ledger."""
+    """Controller-side callback: forwards every report that carries ray-ormas facts to the ledger,
+    and, when the fit is tracked, rank 0's metrics and checkpoint of each `ray_ormas.report` and
+    the end of a failed attempt to the MLflow writer (mlflow_writer.py). Never waits on either."""
 
-    def __init__(self, ledger: Any) -> None:
+    def __init__(self, ledger: Any, writer: Any = None) -> None:
         self._ledger = ledger
+        self._writer = writer
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
         if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
             self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
                                             for m in metrics])
+            rank0 = metrics[0]
+            if self._writer is not None and rank0.get("ormas/kind") == "user":
+                self._writer.loop_report.remote({k: v for k, v in rank0.items() if not k.startswith("ormas/")},
+                                                rank0.get("ormas/run_step"), checkpoint)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})
+        if self._writer is not None:
+            self._writer.attempt_ended.remote()

@@ -30,7 +30,7 @@ from .failures import describe_failure
 from .job_config import ConfigError, JobConfig, load_config, load_target
 from .paths import StoragePathError, resolve_location
 from .storage import RecordStorageError
-from .tracking import MLflowSettings
+from .tracking import MLflowSettings, shown
 
 CLI_SCALING_KEYS = {"workers": "scaling.workers", "resources": "scaling.resources_per_worker"}
 
@@ -79,11 +79,22 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         return 1
     from .summary import render
     run = result.ormas
-    mlflow = f"run {run.mlflow_run_id} at {run.tracking_uri}" if run.mlflow_run_id else None
+    mlflow = mlflow_line(run)
     say(f"finished in {time.monotonic() - started:.0f} s; final metrics: "
         f"{ {k: v for k, v in (result.metrics or {}).items() if not k.startswith('ormas/')} }")
     print(render(run.store, run.records, mlflow), flush=True)
     return 0
+
+
+def mlflow_line(run: Any) -> str | None:
+    """The summary's MLflow line: where the run is, and how to complete it after an outage."""
+    if run.mlflow_complete is None:
+        return None
+    where = f"run {run.mlflow_run_id or '(not created: the tracker was down)'} at {shown(run.tracking_uri or '?')}"
+    if run.mlflow_complete:
+        return where
+    return f"{where}, INCOMPLETE: the tracker was unreachable; complete it later with: " \
+           f"ray-ormas mlflow-sync {run.store.shown()}"
 
 
 def resolve_storage(job: JobConfig, source: str) -> tuple[JobConfig, list[str]]:
@@ -117,8 +128,12 @@ def build_trainer(job: JobConfig) -> Any:
     loop = load_target(job.loop.target) if job.loop is not None else supervised_loop
     mlflow: MLflowSettings | bool = False
     if job.mlflow.enabled:
-        mlflow = MLflowSettings(tracking_uri=job.mlflow.tracking_uri, experiment_name=job.mlflow.experiment,
-                                run_name=job.mlflow.run_name, tags=dict(job.mlflow.tags))
+        t = job.mlflow
+        with _named("mlflow"):
+            mlflow = MLflowSettings(tracking_uri=t.tracking_uri, experiment_name=t.experiment, run_name=t.run_name,
+                                    tags=dict(t.tags), run_id=t.run_id, request_timeout_s=t.request_timeout_s,
+                                    log_checkpoints=t.log_checkpoints, checkpoint_metric=t.checkpoint_metric,
+                                    checkpoint_mode=t.checkpoint_mode, max_pending=t.max_pending)
     with _named("scaling"):
         scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
                                 resources_per_worker=dict(job.scaling.resources_per_worker) or None)

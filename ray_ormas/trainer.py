@@ -49,10 +49,12 @@ from .ledger import LedgerCallback, RunLedger
 from .paths import resolve_location
 from .records import RunRecords
 from .storage import RecordStore, resolve
-from .tracking import MLflowSettings, RunTracker
+from .mlflow_writer import TrackingOutcome, WriterSpec, finish_writer, start_writer
+from .tracking import MLflowSettings, absolute_store_uri, check_run_exists, mlflow_environment, shown
 from .worker import WorkerPlan, wrap_train_loop
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"      # what Ray Train's own state actor is pinned with
+FINISH_TIMEOUT_S = 300      # the writer's last sync and uploads, plus a few requests' timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +73,11 @@ class OrmasRun:
         reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
             (index = world rank), exactly as `ray.train.report` delivered them to the controller.
         worker_errors: for each failed attempt, {rank: "Type: message"}.
-        mlflow_run_id: the fit's MLflow run (None when tracking is off or was unreachable).
+        mlflow_run_id: the fit's MLflow run (None when tracking is off, or the tracker was down
+            for the whole fit: `ray-ormas mlflow-sync` creates it later).
         tracking_uri: where that run is.
+        mlflow_complete: the run holds everything the record holds (False after an outage that
+            outlasted the fit; None when tracking is off).
     """
 
     store: RecordStore
@@ -84,6 +89,7 @@ class OrmasRun:
     worker_errors: list[dict[int, str]] = field(default_factory=list)
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
+    mlflow_complete: bool | None = None
 
     def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
@@ -204,6 +210,8 @@ class RayOrmasTrainer:
         if mlflow is not False and not isinstance(mlflow, MLflowSettings):
             raise TypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
         self.mlflow: MLflowSettings | None = mlflow or None
+        if self.mlflow is not None and self.mlflow.run_id is not None:
+            check_run_exists(self.mlflow, self._run_dir())
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
@@ -223,14 +231,15 @@ class RayOrmasTrainer:
                 ray.shutdown()
                 raise ValueError(f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
                                  f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
-        tracker = self._start_tracking()
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers)
+        fit_id = uuid.uuid4().hex
+        head = _on_head_node()
+        writer = self._start_tracking(fit_id, head)
+        ledger = RunLedger.options(num_cpus=0, **head).remote(self.scaling_config.num_workers)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
-                          run_name=self.run_config.name, fit_id=uuid.uuid4().hex, ledger=ledger,
-                          tracking=tracker.target if tracker is not None else None,
+                          run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracking=writer,
                           sync_batchnorm=self.sync_batchnorm, batch=self.batch)
-        run_config = dataclasses.replace(self.run_config,
-                                         callbacks=[*(self.run_config.callbacks or []), LedgerCallback(ledger)])
+        run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []),
+                                                                     LedgerCallback(ledger, writer)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
                                train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
                                scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
@@ -238,36 +247,61 @@ class RayOrmasTrainer:
             result = trainer.fit()
         except BaseException as e:
             _tell_where_the_record_is(ledger, self.store)
-            if tracker is not None:
-                # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
-                interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
-                tracker.end("KILLED" if interrupted else "FAILED", error=e)
+            # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
+            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+            self._finish_tracking(writer, "KILLED" if interrupted else "FAILED", e, None)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
-            if tracker is not None:
-                tracker.end("FINISHED", checkpoint_path=result.checkpoint.path if result.checkpoint else None)
+            outcome = self._finish_tracking(writer, "FINISHED", None,
+                                            result.checkpoint.path if result.checkpoint else None)
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
         run = _ormas_run(snapshot, self.store)
-        if tracker is not None:
-            run = dataclasses.replace(run, mlflow_run_id=tracker.run_id, tracking_uri=tracker.target.tracking_uri)
+        if outcome is not None:
+            run = dataclasses.replace(run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri,
+                                      mlflow_complete=outcome.complete)
         return RayOrmasResult(**fields, ormas=run)
 
-    def _start_tracking(self) -> RunTracker | None:
+    def _start_tracking(self, fit_id: str, actor_options: dict[str, Any]) -> Any:
+        """The fit's MLflow writer on the head node (None when tracking is off). Nothing here talks
+        to MLflow, so tracking costs the path to the first step only an actor start."""
         if self.mlflow is None:
             return None
         rc = self.run_config
-        fs, base = resolve(rc.storage_path, rc.storage_filesystem)
-        run_dir = os.path.join(base, rc.name) if isinstance(fs, pafs.LocalFileSystem) else None
         sc = self.scaling_config
         params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
                   "strategy": self.strategy, "sync_batchnorm": self.sync_batchnorm, "batch": self.batch or {},
                   "scaling": {"num_workers": sc.num_workers, "use_gpu": sc.use_gpu,
                               "resources_per_worker": sc.resources_per_worker or {}},
                   "ray_run_name": rc.name}
-        return RunTracker.start(self.mlflow, run_dir, rc.name, params)
+        uri = absolute_store_uri(self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        settings = dataclasses.replace(self.mlflow, tracking_uri=uri)
+        spec = WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
+                          run_dir=self._run_dir(), environment=mlflow_environment())
+        return start_writer(spec, actor_options)
+
+    def _run_dir(self) -> str | None:
+        """The run's folder when its storage is local (home of the embedded MLflow store)."""
+        fs, base = resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
+        return os.path.join(base, self.run_config.name) if isinstance(fs, pafs.LocalFileSystem) else None
+
+    def _finish_tracking(self, writer: Any, status: str, error: BaseException | None,
+                         checkpoint: str | None) -> TrackingOutcome | None:
+        """Close the run (FINISHED, FAILED or KILLED); say once if MLflow could not take it all."""
+        if writer is None:
+            return None
+        s = self.mlflow
+        outcome = finish_writer(writer, status, error, checkpoint, timeout_s=FINISH_TIMEOUT_S + 30 * s.request_timeout_s)
+        ray.kill(writer, no_restart=True)
+        if not outcome.complete:
+            logger.warning("[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
+                           "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
+                           "from the record when the tracker is back", outcome.run_id or "(not created yet)",
+                           shown(outcome.tracking_uri or s.tracking_uri or "MLflow"), outcome.error,
+                           self.store.shown())
+        return outcome
 
 
 def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:

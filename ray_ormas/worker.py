@@ -35,7 +35,6 @@ record's `run_end` carries the error) and the exception is re-raised unchanged.
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 import uuid
@@ -56,7 +55,7 @@ from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .storage import RecordStore
 from .strategies import prepare
-from .tracking import TrackingSink, TrackingTarget
+from .mlflow_writer import RowForwarder
 
 _SESSION: WorkerSession | None = None
 RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record
@@ -72,7 +71,7 @@ class WorkerPlan:
     run_name: str
     fit_id: str
     ledger: Any
-    tracking: TrackingTarget | None = None
+    tracking: Any = None                        # the fit's MLflow writer (mlflow_writer.py), or None
     sync_batchnorm: bool = False
     batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
 
@@ -122,15 +121,23 @@ def monitor(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
     return _session("monitor").add_monitor(model, optimizer, check_monitor_name(name), scaler, sinks)
 
 
-def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = None, **kwargs: Any) -> None:
+def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = None, *, step: int | None = None,
+           **kwargs: Any) -> None:
     """`ray.train.report` with ray-ormas facts merged in under `ormas/`. Call it on every rank,
-    as often on each, exactly as you would call `ray.train.report`."""
+    as often on each, exactly as you would call `ray.train.report`.
+
+    The numeric metrics land in the fit's MLflow run at the run's optimizer step (the main
+    monitor's steps plus the step its attempt resumed from), the x-axis of the monitor's own
+    curves; `step=` gives another (rank 0's counts). Other keyword arguments go to
+    `ray.train.report` (e.g. `checkpoint_dir_name`)."""
     if not isinstance(metrics, dict):
         raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise TypeError(f"step must be an int >= 0 (the MLflow step of these metrics) or None, got {step!r}")
     taken = sorted(k for k in metrics if isinstance(k, str) and k.startswith("ormas/"))
     if taken:
         raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
-    _session("report").report("user", metrics, checkpoint, **kwargs)
+    _session("report").report("user", metrics, checkpoint, step=step, **kwargs)
 
 
 class WorkerMonitor:
@@ -161,10 +168,11 @@ class WorkerMonitor:
             link = segment_link(plan.store, name, run_name=plan.run_name, fit_id=plan.fit_id,
                                 attempt=session.attempt, world_size=session.world_size,
                                 resumed_from=session.resumed_from())
-            link.update(strategy=plan.strategy, batch=plan.batch)
+            link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"))
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
-        self.tracker = _tracking_sink(plan.tracking, self._prefix.rstrip("/")) if session.rank == 0 else None
+        self.tracker = (RowForwarder(plan.tracking, self._prefix.rstrip("/"), session.attempt, self.step_offset,
+                                     self._primary) if session.rank == 0 and plan.tracking is not None else None)
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         if plan.settings.progress and session.rank == 0:
             own.append(ProgressPrinter(name))
@@ -263,13 +271,9 @@ class WorkerMonitor:
         other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
         if not self._closed:
             self._closed = True
-            if self.tracker is not None:
-                self.tracker.settle(self.monitor.diary)
             self._report_path = self.monitor.close()
             if self.record_dir is not None and self.segment_path is not None:
                 self.persist()
-                if self.tracker is not None:
-                    self.tracker.upload(self.record_dir, f"ormas/{self.name}/{Path(self.segment_path).name}")
         return self._report_path
 
     def metrics(self) -> dict[str, Any]:
@@ -333,9 +337,15 @@ class WorkerSession:
     def _steps(self) -> int:
         return next(iter(self.monitors.values())).steps if self.monitors else 0
 
-    def _metrics(self, kind: str) -> dict[str, Any]:
+    def run_step(self) -> int | None:
+        """The run's optimizer step: the main monitor's steps plus its attempt's `step_offset`."""
+        main = next(iter(self.monitors.values()), None)
+        return main.step_offset + main.steps if main is not None else None
+
+    def _metrics(self, kind: str, step: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {RANK_KEY: self.rank, "ormas/world_size": self.world_size,
-                               "ormas/report_index": self.reports, "ormas/kind": kind}
+                               "ormas/report_index": self.reports, "ormas/kind": kind,
+                               "ormas/run_step": step if step is not None else self.run_step()}
         if self.plan.batch is not None:
             out["ormas/effective_batch"] = self.plan.batch["effective"]
         for mon in self.monitors.values():
@@ -350,7 +360,7 @@ class WorkerSession:
                     self.plan.settings.sync_timeout_s, checkpoint)
 
     def report(self, kind: str, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
-               **kwargs: Any) -> None:
+               step: int | None = None, **kwargs: Any) -> None:
         seen = self._meet(kind, checkpoint is not None)
         if self.rank == 0 and any(a.checkpoint for a in seen.values()):
             # Some rank reports a checkpoint: the record in storage is brought up to it first, and
@@ -362,7 +372,7 @@ class WorkerSession:
                 except Exception as e:      # the user's checkpoint is reported either way
                     print(f"[ray-ormas] could not add the record pointer to the checkpoint's metadata "
                           f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
-        payload = {**metrics, **self._metrics(kind)}
+        payload = {**metrics, **self._metrics(kind, step)}
         self.reports += 1
         ray.train.report(payload, checkpoint=checkpoint, **kwargs)
 
@@ -412,15 +422,6 @@ class WorkerSession:
                         timeout=RANK0_START_GRACE_S + RANK0_FINISH_GRACE_S + 10)
         except Exception:       # the ledger is only a courtesy here: the loop's error goes on unchanged
             pass
-
-
-def _tracking_sink(target: TrackingTarget | None, prefix: str) -> TrackingSink | None:
-    if target is None:
-        return None
-    try:
-        return TrackingSink(target, prefix)
-    except Exception as e:              # e.g. mlflow missing on this node: record it, train on
-        return TrackingSink(dataclasses.replace(target, error=f"{type(e).__name__}: {e}"), prefix)
 
 
 def _activate(session: WorkerSession | None) -> None:

@@ -26,12 +26,16 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     creates it: a failure in the first attempt only), kill_server_at / server_pgid (rank 0 kills
     that process group at that step), sleep_per_step, no_optimizer (monitor without the optimizer),
     close_in_loop (close the monitor inside the loop and check what close() returns on each rank),
-    explode_at (from that step on the loss is multiplied by 10^4: exploding-gradient alarms).
+    explode_at (from that step on the loss is multiplied by 10^4: exploding-gradient alarms),
+    unreachable_port (every rank refuses connections to 127.0.0.1 at that port, e.g. the tracking
+    server's, and checks that it cannot reach it).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if config.get("unreachable_port"):
+        _refuse_port(config["unreachable_port"])
     x, y, _, _ = load_digits(0)
     x, y = x[rank::world], y[rank::world]
     net = DigitsCNN()
@@ -83,6 +87,25 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _refuse_port(port: int) -> None:
+    """This worker process can no longer open a connection to 127.0.0.1:`port` (Python sockets:
+    what MLflow's client and urllib use); checked before training."""
+    import socket
+    import urllib.request
+    connect = socket.socket.connect
+
+    def refusing(sock: socket.socket, address: Any) -> None:
+        if isinstance(address, tuple) and address[1] == port:
+            raise ConnectionRefusedError(f"this worker may not reach port {port}")
+        connect(sock, address)
+    socket.socket.connect = refusing
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    except OSError:
+        return
+    raise AssertionError(f"the worker still reaches 127.0.0.1:{port}")
+
+
 def report_count_loop(config: dict[str, Any]) -> None:
     """No training: rank r calls ray_ormas.report `reports_by_rank[r]` times, then returns."""
     rank = ray.train.get_context().get_world_rank()
@@ -97,7 +120,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     Inputs get Gaussian noise from the global torch RNG, so an exact resume needs the random state
     restored too. Options: epochs, kill_rank / kill_at (that rank SIGKILLs itself before global
-    step `kill_at`, once: `kill_marker` is created first), sleep_per_step, storage_root +
+    step `kill_at`, once: `kill_marker` is created first), sleep_per_step, kill_server_at +
+    server_pgid (rank 0 SIGKILLs that process group before that global step), extra_metrics
+    (reports also carry the loss, a string and a NaN), storage_root +
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
     each checkpoint report and returns the line counts it saw).
     """
@@ -129,6 +154,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
                 os.kill(os.getpid(), signal.SIGKILL)
             if config.get("sleep_per_step"):
                 time.sleep(config["sleep_per_step"])
+            if rank == 0 and step == config.get("kill_server_at"):
+                os.killpg(config["server_pgid"], signal.SIGKILL)
             loss = F.cross_entropy(model(xb + 0.05 * torch.randn_like(xb)), yb)
             opt.zero_grad()
             loss.backward()
@@ -136,7 +163,10 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
             opt.step()
             step += 1
         checkpoint = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
-        ray_ormas.report({"epoch": epoch, "step": step}, checkpoint=checkpoint)
+        metrics: dict[str, Any] = {"epoch": epoch, "step": step}
+        if config.get("extra_metrics"):
+            metrics.update(loss=float(loss), note=f"epoch {epoch}", ratio=float("nan"))
+        ray_ormas.report(metrics, checkpoint=checkpoint)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
             fs = SubTreeFileSystem(config["storage_root"], LocalFileSystem())

@@ -1,4 +1,5 @@
-"""A real `mlflow server` on 127.0.0.1 (SQLite backend, local artifact store) for the tests."""
+"""A real `mlflow server` on 127.0.0.1 (SQLite backend, local artifact store) for the tests,
+which can be killed and started again on the same port and store (an outage)."""
 from __future__ import annotations
 
 import os
@@ -19,38 +20,70 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def mlflow_server(root: Path, start_timeout_s: float = 90) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Start a server in its own process group; yield (uri, process); stop that group at the end."""
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + start_timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+class MLflowServer:
+    """`mlflow server` in its own process group; `kill()` SIGKILLs the group, `start()` starts it again."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        root.mkdir(parents=True, exist_ok=True)
+
+    def start(self, timeout_s: float = 90) -> MLflowServer:
+        log = open(self.root / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.time() + timeout_s
+        while not self.answers():
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"mlflow server did not start: {(self.root / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
-        yield uri, proc
-    finally:
+        return self
+
+    def answers(self) -> bool:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (an outage: nothing is flushed or closed)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
-            proc.wait(timeout=15)
+            self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-        log.close()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+
+@contextmanager
+def mlflow_server(root: Path, start_timeout_s: float = 90) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start a server; yield (uri, process); stop its process group at the end."""
+    server = MLflowServer(root)
+    try:
+        server.start(start_timeout_s)
+        yield server.uri, server.proc
+    finally:
+        server.stop()

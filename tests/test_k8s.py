@@ -139,6 +139,8 @@ def test_the_gpu_worker_group(variant):
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "shm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
     assert {e["name"] for e in worker["env"]} >= {"NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG"}
+    assert not [e["name"] for e in worker["env"] if e["name"].startswith("MLFLOW_")]   # only the head talks to MLflow
+    assert "ray-ormas-mlflow" not in str(worker)
     assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
 
 

@@ -1,12 +1,20 @@
-"""MLflow tracking against a real `mlflow server` (SQLite backend) started here on 127.0.0.1."""
+"""MLflow tracking against a real `mlflow server` (SQLite backend) started here on 127.0.0.1.
+
+The ground truth is the record: after every scenario (a worker killed, the server killed and
+started again, a server down for the whole fit then `ray-ormas mlflow-sync`, workers that cannot
+reach the server), MLflow's metric histories must equal the record's rows at their run steps.
+"""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -14,10 +22,12 @@ import pytest
 from mlflow import MlflowClient
 from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
 
-from ray_ormas import MLflowSettings, RayOrmasTrainer
+from ray_ormas import MLflowSettings, RayOrmasTrainer, open_records
 
-from .loops import digits_loop
-from .mlflow_server import mlflow_server
+from .loops import digits_loop, resume_loop
+from .mlflow_server import MLflowServer, mlflow_server
+
+RAY_ORMAS = str(Path(sys.executable).with_name("ray-ormas"))
 
 RECORD_FILES = {"diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"}
 
@@ -109,42 +119,25 @@ def test_an_existing_run_id_is_continued(ray_cluster, server, storage):
     assert run.info.status == "FINISHED" and run.data.metrics["ormas/loss"] > 0
 
 
-@pytest.mark.timeout(240)
-def test_tracker_down_at_start_trains_on_with_one_warning_and_a_sink_error(ray_cluster, storage, capsys):
-    from .mlflow_server import free_port
-    dead = f"http://127.0.0.1:{free_port()}"
-    t = time.time()
-    result = fit(storage, "nodb", MLflowSettings(tracking_uri=dead, request_timeout_s=2),
-                 train_loop_config={"steps": 8})
-    assert time.time() - t < 120
-    assert result.ormas.mlflow_run_id is None
-    errors = [e for e in diary(result.ormas.record_dir) if e["event"] == "sink_error"]
-    assert len(errors) == 1 and "MLflow tracking was unavailable" in errors[0]["error"]
-    assert diary(result.ormas.record_dir)[-1]["event"] == "run_end"
-    assert capsys.readouterr().err.count("MLflow tracking at") == 1
-
-
-@pytest.mark.timeout(300)
-def test_tracker_killed_mid_training_loses_nothing_on_disk(ray_cluster, storage, tmp_path):
-    with mlflow_server(tmp_path / "doomed") as (uri, proc):
-        result = fit(storage, "doomed", MLflowSettings(tracking_uri=uri, experiment_name="doomed",
-                                                       request_timeout_s=2),
-                     train_loop_config={"steps": 24, "kill_server_at": 10, "server_pgid": proc.pid})
-    record = result.ormas.record_dir
-    errors = [e for e in diary(record) if e["event"] == "sink_error"]
-    assert len(errors) == 1 and "TrackingSink" in errors[0]["sink"]
-    rows = [json.loads(line) for line in (record / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 4, 8, 12, 16, 20]         # every check is on disk
-    assert diary(record)[-1]["event"] == "run_end"
-
-
-def test_bad_mlflow_settings_fail_on_the_driver():
+def test_bad_mlflow_settings_fail_on_the_driver(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="must not carry credentials"):
         MLflowSettings(tracking_uri="https://bob:hunter2@mlflow.example.com")
     with pytest.raises(ValueError, match="tags must map strings to strings"):
         MLflowSettings(tags={"n": 3})
     with pytest.raises(TypeError, match="mlflow must be True, False or a ray_ormas.MLflowSettings"):
         RayOrmasTrainer(digits_loop, mlflow="http://x")
+    with pytest.raises(ValueError, match="log_checkpoints must be one of 'none', 'last', 'best', 'all'"):
+        MLflowSettings(log_checkpoints="best_val")
+    with pytest.raises(ValueError, match="needs checkpoint_metric="):
+        MLflowSettings(log_checkpoints="best")
+    with pytest.raises(ValueError, match="checkpoint_mode must be 'min' or 'max'"):
+        MLflowSettings(log_checkpoints="best", checkpoint_metric="val", checkpoint_mode="lowest")
+    with pytest.raises(ValueError, match="max_pending must be an int >= 1000"):
+        MLflowSettings(max_pending=10)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):      # on the driver, before anything starts
+        RayOrmasTrainer(digits_loop, mlflow=MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32),
+                        run_config=RunConfig(name="c", storage_path=str(tmp_path)))
 
 
 INTERRUPTED_DRIVER = textwrap.dedent("""
@@ -193,28 +186,185 @@ def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
     assert shown("https://bob:pw@host:5000/x") == "https://***@host:5000/x"
 
 
-def test_a_relative_sqlite_store_works_from_the_driver(tmp_path, monkeypatch):
-    from ray_ormas.tracking import RunTracker
+def test_relative_stores_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
+    from ray_ormas.tracking import absolute_store_uri
     monkeypatch.chdir(tmp_path)
-    tracker = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///rel.db"), None, "rel", {"x": {"y": 1}})
-    assert tracker.run_id is not None
-    tracker.end("FINISHED")
-    run = MlflowClient("sqlite:///rel.db").get_run(tracker.run_id)
-    assert run.info.status == "FINISHED" and run.data.params == {"x.y": "1"}
-    assert run.info.artifact_uri.startswith((tmp_path / "artifacts").as_uri())
+    assert absolute_store_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
+    assert absolute_store_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert absolute_store_uri("mlruns") == str(tmp_path / "mlruns")
+    assert absolute_store_uri("http://mlflow:5000") == "http://mlflow:5000"
 
 
-def test_a_missing_run_id_fails_on_the_driver_and_a_continued_run_keeps_its_params(tmp_path, monkeypatch):
-    from ray_ormas.tracking import RunTracker
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="does not exist"):
-        RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32), None, "c", {})
-    first = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db"), None, "c", {"lr": 0.1, "seed": 1})
-    first.end("FAILED")
-    again = RunTracker.start(MLflowSettings(tracking_uri="sqlite:///c.db", run_id=first.run_id), None, "c",
-                             {"lr": 0.2, "seed": 1, "epochs": 3})
-    assert again.run_id == first.run_id
-    again.end("FINISHED")
-    run = MlflowClient("sqlite:///c.db").get_run(first.run_id)
-    assert run.data.params == {"lr": "0.1", "seed": "1", "epochs": "3"}
-    assert run.data.tags["ray_ormas.changed_params"] == "lr" and run.info.status == "FINISHED"
+def test_a_continued_run_keeps_its_params_and_tags_the_changed_ones(tmp_path):
+    from ray_ormas.mlflow_sync import new_journal, open_run
+    uri = f"sqlite:///{tmp_path / 'c.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("c")).info.run_id
+    client.log_param(run_id, "lr", "0.1")
+    journal = new_journal(fit_id="f", run_name="c", tracking_uri=uri, experiment="c", mlflow_run_name="c", tags={},
+                          params={"lr": 0.2, "epochs": 3}, run_id=run_id, log_checkpoints="none",
+                          checkpoint_metric=None, checkpoint_mode="min")
+    assert open_run(client, journal) == run_id
+    run = client.get_run(run_id)
+    assert run.data.params == {"lr": "0.1", "epochs": "3"} and run.data.tags["ray_ormas.changed_params"] == "lr"
+
+
+def test_loop_metrics_keep_numbers_and_skip_the_rest():
+    import numpy as np
+    import torch
+
+    from ray_ormas.tracking import loop_metrics
+    kept, skipped = loop_metrics({"a": 1, "b": 2.5, "ok": True, "n": np.float32(0.5), "t": torch.tensor(3.0),
+                                  "nan": float("nan"), "inf": float("inf"), "s": "x", "l": [1], "d": {"x": 1},
+                                  "none": None, "big": torch.ones(3), "ormas/loss": 1.0})
+    assert {k: v for k, v in kept.items() if k not in ("nan",)} == \
+        {"a": 1.0, "b": 2.5, "ok": 1.0, "n": 0.5, "t": 3.0, "inf": math.inf}
+    assert math.isnan(kept["nan"]) and sorted(skipped) == ["big", "d", "l", "none", "s"]
+
+
+def test_the_checkpoint_policy_picks_none_last_best_or_all():
+    from ray_ormas.mlflow_sync import chosen_checkpoints
+    cps = [{"step": s, "path": f"/c{s}", "metrics": {"val": v}} for s, v in ((1, 0.5), (2, 0.2), (3, float("nan")),
+                                                                            (4, 0.9))]
+    base = {"checkpoints": cps, "final_checkpoint": "/c4", "checkpoint_metric": "val"}
+    paths = lambda **kw: [c["path"] for c in chosen_checkpoints({**base, **kw})]    # noqa: E731
+    assert paths(log_checkpoints="none") == []
+    assert paths(log_checkpoints="last") == ["/c4"]
+    assert paths(log_checkpoints="all") == ["/c1", "/c2", "/c3", "/c4"]
+    assert paths(log_checkpoints="best", checkpoint_mode="min") == ["/c2"]
+    assert paths(log_checkpoints="best", checkpoint_mode="max") == ["/c4"]
+
+
+# ---------------------------------------------------------------------------- MLflow equals the record
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def assert_mlflow_equals_the_record(client: MlflowClient, run_id: str, records) -> None:
+    """Loss, one layer's gradient norm, every event marker and the attempt starts, at run steps."""
+    metrics = records.metrics().to_pylist()
+    assert history(client, run_id, "ormas/loss") == sorted((r["run_step"], r["loss"]) for r in metrics)
+    layer = dict(metrics[0]["grad"]) and next(iter(dict(metrics[0]["grad"])))
+    assert history(client, run_id, f"ormas/grad_norm/{layer}") == \
+        sorted((r["run_step"], dict(r["grad"])[layer]) for r in metrics)
+    events = records.events().to_pylist()
+    for name in {e["event"] for e in events}:
+        marked = [s for s, v in history(client, run_id, f"ormas/events/{name}")]
+        assert len(marked) == sum(e["event"] == name for e in events), name
+    for name in ("certificate", "manifest", "alarm"):
+        assert sorted(s for s, _ in history(client, run_id, f"ormas/events/{name}")) == \
+            sorted(e["run_step"] for e in events if e["event"] == name), name
+    starts = sorted({(s.step_offset, float(s.attempt)) for s in records.segments()})
+    assert history(client, run_id, "ormas/attempt") == starts
+
+
+def restart_after(server: MLflowServer, marker: Path, pause_s: float) -> threading.Thread:
+    """Start the server again once it died and the worker kill marker exists (plus a pause)."""
+    def run() -> None:
+        deadline = time.time() + 240
+        while (server.proc is not None and server.proc.poll() is None or not marker.exists()) and \
+                time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(pause_s)
+        server.proc = None
+        server.start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_worker_and_a_tracker_outage_leave_mlflow_equal_to_the_record(ray_cluster, storage, tmp_path):
+    server = MLflowServer(tmp_path / "outage").start()
+    marker = tmp_path / "worker-killed"
+    try:
+        restarter = restart_after(server, marker, pause_s=3)
+        config = {"epochs": 6, "kill_rank": 1, "kill_at": 20, "kill_marker": str(marker), "sleep_per_step": 0.2,
+                  "kill_server_at": 10, "server_pgid": server.proc.pid, "extra_metrics": True}
+        result = RayOrmasTrainer(
+            resume_loop, train_loop_config=config, check_every=4, verbose=False, repair=True,
+            mlflow=MLflowSettings(tracking_uri=server.uri, experiment_name="outage", request_timeout_s=2),
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="outage", storage_path=str(storage),
+                                 failure_config=FailureConfig(max_failures=1))).fit()
+        restarter.join(timeout=120)
+        assert server.answers() and marker.exists()
+        [run] = runs_of(server.uri, "outage")
+        client = MlflowClient(server.uri)
+        run_id = run.info.run_id
+        assert run_id == result.ormas.mlflow_run_id and run.info.status == "FINISHED" and result.ormas.mlflow_complete
+        records = result.ormas.open_records()
+        assert [s.attempt for s in records.segments()] == [0, 1] and records.segments()[1].step_offset == 16
+        assert_mlflow_equals_the_record(client, run_id, records)
+        # The loop's metrics: once per report, at the run's step (the second attempt resumes at 16).
+        assert history(client, run_id, "epoch") == [(8, 0.0), (16, 1.0), (24, 2.0), (32, 3.0), (40, 4.0), (48, 5.0)]
+        assert history(client, run_id, "step") == [(s, float(s)) for s in (8, 16, 24, 32, 40, 48)]
+        assert all(math.isnan(v) for _, v in history(client, run_id, "ratio"))
+        assert len(history(client, run_id, "loss")) == 6 and "note" not in run.data.metrics
+        assert run.data.tags["ray_ormas.skipped_metrics"] == "note"
+        checkpoints = json.loads(Path(client.download_artifacts(run_id, "ray_ormas/checkpoints.json",
+                                                               str(tmp_path))).read_text())
+        assert [c["step"] for c in checkpoints] == [8, 16, 24, 32, 40, 48]
+        assert all(c["record"]["model"]["run_steps"] == c["step"] for c in checkpoints)
+        assert history(client, run_id, "ormas/checkpoint") == [(s, 1.0) for s in (8, 16, 24, 32, 40, 48)]
+        assert artifacts(client, run_id, "ormas/model") == {"segment-000", "segment-001"}
+    finally:
+        server.stop()
+
+
+def sync(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([RAY_ORMAS, "mlflow-sync", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(600)
+def test_an_outage_that_outlasts_the_fit_is_made_good_by_mlflow_sync(ray_cluster, storage, tmp_path, caplog):
+    server = MLflowServer(tmp_path / "late")                       # down for the whole fit
+    caplog.set_level(logging.WARNING, logger="ray_ormas")
+    result = fit(storage, "late", MLflowSettings(tracking_uri=server.uri, experiment_name="late",
+                                                 request_timeout_s=1, log_checkpoints="last"),
+                 train_loop_config={"steps": 12, "report_at": [6, 12], "checkpoint": True, "lesion": True})
+    assert result.ormas.mlflow_run_id is None and result.ormas.mlflow_complete is False
+    said = [r.getMessage() for r in caplog.records if "mlflow-sync" in r.getMessage()]
+    assert len(said) == 1 and str(storage / "late" / "ormas") in said[0]
+    [journal] = (storage / "late" / "ormas" / ".mlflow").iterdir()
+    before = journal.read_bytes()
+    down = sync(str(storage / "late"))
+    assert down.returncode == 1 and "unreachable" in down.stderr and "nothing was changed" in down.stderr
+    assert journal.read_bytes() == before
+    assert sync(str(tmp_path / "no-such-run")).returncode == 2
+    server.start()
+    try:
+        first = sync(str(storage / "late"))
+        assert first.returncode == 0 and "created" in first.stdout and "set FINISHED" in first.stdout, first
+        [run] = runs_of(server.uri, "late")
+        client = MlflowClient(server.uri)
+        assert run.info.status == "FINISHED" and run.data.params["strategy"] == "ddp"
+        assert_mlflow_equals_the_record(client, run.info.run_id, result.ormas.open_records())
+        assert history(client, run.info.run_id, "user_step") == [(6, 6.0), (12, 12.0)]
+        assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
+        final = Path(result.checkpoint.path).name
+        assert artifacts(client, run.info.run_id, "checkpoints") == {final}
+        counts = {k: len(client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
+        again = sync(str(storage / "late" / "ormas"))
+        assert again.returncode == 0 and "0 metric values and 0 files sent" in again.stdout, again
+        assert {k: len(client.get_metric_history(run.info.run_id, k)) for k in run.data.metrics} == counts
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(ray_cluster, server, storage):
+    port = int(server.rsplit(":", 1)[1])
+    result = fit(storage, "isolated", MLflowSettings(tracking_uri=server, experiment_name="isolated",
+                                                     log_checkpoints="best", checkpoint_metric="user_step",
+                                                     checkpoint_mode="min"),
+                 train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True,
+                                    "unreachable_port": port})
+    [run] = runs_of(server, "isolated")
+    client = MlflowClient(server)
+    assert run.info.status == "FINISHED" and result.ormas.mlflow_complete
+    assert_mlflow_equals_the_record(client, run.info.run_id, result.ormas.open_records())
+    assert history(client, run.info.run_id, "user_step") == [(4, 4.0), (8, 8.0), (12, 12.0)]
+    [best] = artifacts(client, run.info.run_id, "checkpoints")        # the lowest user_step: the first one
+    checkpoints = sorted(p.name for p in (storage / "isolated").glob("checkpoint_*"))
+    assert best == checkpoints[0] and artifacts(client, run.info.run_id, f"checkpoints/{best}") == {"model.pt", ".metadata.json"}

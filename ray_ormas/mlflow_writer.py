@@ -1,0 +1,318 @@
+"""The fit's MLflow writer: one Ray actor on the head node, the only process that talks to MLflow.
+
+    driver      start_writer(...)               -> TrackingWriter actor (head node), returns at once
+    rank 0      RowForwarder (an ormas-monitor sink): writer.rows.remote(...) per check, never waits
+    controller  LedgerCallback.after_report     -> writer.loop_report.remote(rank 0's metrics, checkpoint)
+                LedgerCallback.after_exception  -> writer.attempt_ended.remote()   (sync that attempt)
+    driver      finish_writer(...)              -> writer.finish(status): drain, sync, artifacts, status
+
+Inside the actor, calls only append to an in-memory outbox (bounded by
+`MLflowSettings.max_pending` metric values; beyond it the oldest are dropped from memory and
+come back from the record at the next sync) and to the tracking journal in the run's storage
+(mlflow_sync.py). One sender thread creates the run (after the workers started, so MLflow is
+off the path to the first training step), sends the outbox in batches, and on any failure keeps
+everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
+each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
+
+Entries carry the timestamp they were received with, so a batch resent after a timeout that the
+server did store is dropped by MLflow as an exact duplicate.
+
+Hooks relied on: Ray actors (threaded, `max_concurrency`), `MlflowClient`, and the driver's MLflow
+environment variables handed to the actor's constructor (so only the driver and the head node
+hold them).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from .mlflow_sync import Entry, event_step, new_journal, open_run, send_entries, sync_fit, write_journal
+from .records import RunRecords
+from .storage import RecordStore
+from .tracking import MLflowSettings, first_line, loop_metrics, quick_requests, shown
+
+logger = logging.getLogger("ray_ormas.mlflow")
+BACKOFF_S = (1, 2, 4, 8, 16, 30)
+EMBEDDED_HOME = "~/ray_results/ray_ormas"      # the embedded store when the run's storage is not local
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """What the driver gives the writer."""
+    settings: MLflowSettings
+    store: RecordStore
+    fit_id: str
+    run_name: str
+    params: dict[str, Any]
+    run_dir: str | None              # the run's folder when its storage is local (the embedded store's home)
+    environment: dict[str, str]      # MLflow's variables from the driver's environment
+
+
+@dataclass(frozen=True)
+class TrackingOutcome:
+    """What the writer says when the fit ends."""
+    run_id: str | None
+    tracking_uri: str | None
+    complete: bool                   # MLflow holds everything the record and the journal hold
+    error: str | None = None
+    pending: int = 0                 # metric values the run still lacks (then `ray-ormas mlflow-sync`)
+
+
+def embedded_uri(run_dir: str | None) -> str:
+    base = Path(run_dir) if run_dir is not None else Path(os.path.expanduser(EMBEDDED_HOME))
+    store = base / "mlflow"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store.resolve() / 'mlflow.db'}"
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class TrackingWriter:
+    """The head node's MLflow writer of one fit (see the module docstring)."""
+
+    def __init__(self, spec: WriterSpec) -> None:
+        os.environ.update(spec.environment)
+        s = spec.settings
+        quick_requests(s.request_timeout_s)
+        self._spec = spec
+        self._uri = s.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri(spec.run_dir)
+        self._journal = new_journal(fit_id=spec.fit_id, run_name=spec.run_name, tracking_uri=self._uri,
+                                    experiment=s.experiment_name, mlflow_run_name=s.run_name or spec.run_name,
+                                    tags=dict(s.tags), params=spec.params, run_id=s.run_id,
+                                    log_checkpoints=s.log_checkpoints, checkpoint_metric=s.checkpoint_metric,
+                                    checkpoint_mode=s.checkpoint_mode)
+        self._lock = threading.Lock()           # journal, outbox, tasks
+        self._io = threading.Lock()             # one sender at a time: the thread, or finish()
+        self._outbox: deque[tuple[Entry, int]] = deque()
+        self._tasks: deque[int] = deque()       # attempts whose end asks for a sync
+        self._namings: dict[str, Any] = {}
+        self._dropped = 0
+        self._attempt = 0
+        self._closed = False
+        self._client: Any = None
+        self._opened = False
+        self._outage: str | None = None
+        self._journal_failed = False
+        self._wake = threading.Event()
+        self._save_journal()
+        threading.Thread(target=self._run, name="ray-ormas-mlflow", daemon=True).start()
+
+    # ------------------------------------------------------------------ called by rank 0 and the controller
+    def rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
+        """One monitor row or event from rank 0, its step the segment's; logged at offset + step."""
+        with self._lock:
+            if self._closed:
+                return                          # the final sync takes it from the record
+            try:
+                naming = self._namings.get(prefix) or self._namings.setdefault(prefix, _naming(prefix))
+            except Exception as e:              # OrmasCompatError: say it loudly, once
+                if not self._namings.get("!failed"):
+                    self._namings["!failed"] = True
+                    logger.error("[ray-ormas] MLflow: %s", e)
+                return
+            self._add(naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset}))
+
+    def attempt_started(self, attempt: int, offset: int) -> None:
+        """Rank 0's main monitor of a new attempt starts at run step `offset`."""
+        with self._lock:
+            self._attempt = attempt
+            if not self._closed:
+                self._add([("ormas/attempt", float(attempt), int(offset))])
+
+    def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
+        """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""
+        kept, skipped = loop_metrics(metrics)
+        pointer = None
+        if checkpoint is not None:
+            try:
+                pointer = checkpoint.get_metadata().get("ormas")
+            except Exception:
+                pointer = None
+        with self._lock:
+            j = self._journal
+            if step is None:
+                step = len(j["reports"])
+            j["reports"].append({"step": int(step), "attempt": self._attempt, "metrics": kept})
+            j["skipped_metrics"] = sorted(set(j["skipped_metrics"]) | set(skipped))
+            entries = [(k, v, int(step)) for k, v in kept.items()]
+            if checkpoint is not None:
+                j["checkpoints"].append({"step": int(step), "path": checkpoint.path, "record": pointer,
+                                         "metrics": kept})
+                entries.append(("ormas/checkpoint", 1.0, int(step)))
+            if not self._closed:
+                self._add(entries)
+            self._save_journal()
+        self._wake.set()
+
+    def attempt_ended(self) -> None:
+        """A worker group failed: bring the run up to the record of the attempts so far."""
+        with self._lock:
+            self._tasks.append(self._attempt)
+        self._wake.set()
+
+    def finish(self, status: str, error: str | None, final_checkpoint: str | None) -> TrackingOutcome:
+        """The fit ended: send everything, bring the run up to the record, upload the record's
+        segments (and the chosen checkpoints), set the final status. One try per request."""
+        with self._lock:
+            self._closed = True
+            self._journal.update(status=status, error=error, final_checkpoint=final_checkpoint)
+            self._save_journal()
+        with self._io:
+            try:
+                result = self._flush(sync_up_to=None, finished=True)
+                return TrackingOutcome(result.run_id if result else None, self._uri, complete=True)
+            except Exception as e:
+                return TrackingOutcome(self._journal.get("run_id"), self._uri, complete=False,
+                                       error=f"{type(e).__name__}: {first_line(e)}",
+                                       pending=len(self._outbox) + self._dropped)
+
+    # ------------------------------------------------------------------ the sender
+    def _add(self, entries: list[Entry]) -> None:
+        now = int(time.time() * 1000)
+        self._outbox.extend((e, now) for e in entries)
+        while len(self._outbox) > self._spec.settings.max_pending:
+            self._outbox.popleft()
+            self._dropped += 1
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            self._wake.wait(timeout=BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] if failures else 1.0)
+            self._wake.clear()
+            with self._io:
+                if self._closed:
+                    return
+                try:
+                    with self._lock:
+                        task = self._tasks[0] if self._tasks else None
+                    self._flush(sync_up_to=task, finished=False)
+                    if task is not None:
+                        with self._lock:
+                            self._tasks.popleft()
+                except Exception as e:
+                    failures += 1
+                    if self._outage is None:
+                        self._outage = f"{type(e).__name__}: {first_line(e)}"
+                        logger.warning("[ray-ormas] MLflow at %s is unreachable (%s); training goes on, rows wait "
+                                       "on the head node (up to %d values; the record keeps all) and are sent "
+                                       "when it answers", shown(self._uri), self._outage,
+                                       self._spec.settings.max_pending)
+                    continue
+                if self._outage is not None:
+                    logger.warning("[ray-ormas] MLflow at %s answers again; the rows that waited are sent",
+                                   shown(self._uri))
+                    self._outage = None
+                failures = 0
+
+    def _flush(self, sync_up_to: int | None, finished: bool) -> Any:
+        """Send what the outbox holds; then, for a finished attempt (`sync_up_to`) or the whole fit
+        (`finished`), what the record and the journal hold that MLflow lacks. The journal is read
+        together with the outbox, so nothing is sent twice."""
+        client = self._mlflow()
+        with self._lock:
+            batch = list(self._outbox)
+            journal = self._snapshot()
+        for i in range(0, len(batch), 1000):
+            chunk = batch[i:i + 1000]
+            send_entries(client, journal["run_id"], [e for e, _ in chunk], [t for _, t in chunk])
+            with self._lock:
+                for _ in chunk:
+                    self._outbox.popleft()
+        if sync_up_to is None and not finished:
+            return None
+        result = sync_fit(client, RunRecords(self._spec.store), journal, up_to_attempt=sync_up_to, finished=finished)
+        if finished:
+            self._dropped = 0
+        return result
+
+    def _mlflow(self) -> Any:
+        """The client, with the run open (created once, its id in the journal)."""
+        if self._client is None:
+            from mlflow import MlflowClient
+            self._client = MlflowClient(tracking_uri=self._uri)
+        if not self._opened:
+            with self._lock:
+                journal = self._snapshot()
+            run_id = open_run(self._client, journal)
+            with self._lock:
+                self._journal["run_id"] = run_id
+                self._save_journal()
+            self._opened = True
+            logger.info("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
+        return self._client
+
+    def _snapshot(self) -> dict[str, Any]:
+        """A copy of the journal (the caller holds `_lock`, or nothing else writes it yet)."""
+        return copy.deepcopy(self._journal)
+
+    def _save_journal(self) -> None:
+        try:
+            write_journal(self._spec.store, self._journal)
+        except Exception as e:                  # storage trouble is the record's to report; MLflow goes on
+            if not self._journal_failed:
+                self._journal_failed = True
+                logger.warning("[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
+                               "reach MLflow only from memory", self._spec.store.shown(), type(e).__name__, e)
+
+
+def _naming(prefix: str) -> Any:
+    from .compat import MetricNaming
+    return MetricNaming(prefix)
+
+
+def start_writer(spec: WriterSpec, actor_options: dict[str, Any]) -> Any:
+    """The writer actor for one fit (on the head node, no CPU); returns at once."""
+    return TrackingWriter.options(num_cpus=0, **actor_options).remote(spec)
+
+
+def finish_writer(writer: Any, status: str, error: BaseException | None, final_checkpoint: str | None,
+                  timeout_s: float) -> TrackingOutcome:
+    """Ask the writer to finish; never raises. The caller kills the actor afterwards."""
+    text = f"{type(error).__name__}: {error}" if error is not None else None
+    try:
+        return ray.get(writer.finish.remote(status, text, final_checkpoint), timeout=timeout_s)
+    except Exception as e:
+        return TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {first_line(e)}")
+
+
+class RowForwarder:
+    """Rank 0's ormas-monitor sink: hands each row and event to the head-node writer and returns
+    (an actor call submitted, never awaited). Workers never import mlflow or reach the server."""
+
+    def __init__(self, writer: Any, prefix: str, attempt: int, step_offset: int, primary: bool) -> None:
+        self._writer = writer
+        self._prefix = prefix
+        self._offset = step_offset
+        self._last_step = 0
+        self._failed = False
+        if primary:
+            self._submit(writer.attempt_started, attempt, step_offset)
+
+    def __call__(self, kind: str, payload: dict) -> None:
+        if kind == "metrics":
+            body = {k: payload.get(k) for k in ("step", "loss", "grad", "stuck")}
+        else:
+            self._last_step = event_step(payload, self._last_step)
+            body = {"event": payload.get("event"), "step": self._last_step}
+        self._submit(self._writer.rows, self._prefix, self._offset, kind, body)
+
+    def _submit(self, method: Any, *args: Any) -> None:
+        if self._failed:
+            return
+        try:
+            method.remote(*args)
+        except Exception as e:                  # telemetry never breaks training; the record has it all
+            self._failed = True
+            logger.warning("[ray-ormas] could not hand MLflow rows to the head node (%s: %s); the record keeps "
+                           "them and the fit's end sends them from there", type(e).__name__, e)
+
+    def __repr__(self) -> str:
+        return f"ray_ormas.RowForwarder({self._prefix})"
