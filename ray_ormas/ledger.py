@@ -20,6 +20,11 @@ It does three things:
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
   is exactly what went through `ray.train.report`.
 
+* **The MLflow writer's home.** When the fit is tracked, the ledger holds the fit's
+  `TrackingWriter` (mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
+  controller's reports (`track_report`) and the end of attempts and of the fit; so the head
+  node is the only one that talks to MLflow, at the cost of no extra process.
+
 The ledger is created by the driver on the head node (as Ray Train pins its own state actor,
 so that losing a worker node never takes the ledger along), lives as long as the driver's
 handle, and is killed by the trainer when `fit()` ends. Rank 0 also checks in at the ledger at
@@ -63,8 +68,12 @@ class _Meeting:
 class RunLedger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, tracking: Any = None) -> None:
         self._world = world_size
+        self._tracking = None
+        if tracking is not None:                # a WriterSpec: the fit is tracked in MLflow
+            from .mlflow_writer import TrackingWriter
+            self._tracking = TrackingWriter(tracking)
         self._meetings: dict[tuple[str, int], _Meeting] = {}
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
@@ -125,6 +134,29 @@ class RunLedger:
     def snapshot(self) -> dict[str, Any]:
         return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records)}
 
+    # -------------------------------------------------------------- MLflow (mlflow_writer.py)
+    def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
+        if self._tracking is not None:
+            self._tracking.rows(prefix, offset, kind, payload)
+
+    def track_attempt(self, attempt: int, offset: int) -> None:
+        if self._tracking is not None:
+            self._tracking.attempt_started(attempt, offset)
+
+    async def track_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any) -> None:
+        if self._tracking is not None:          # writes the journal to storage: off the event loop
+            await asyncio.to_thread(self._tracking.loop_report, metrics, step, checkpoint)
+
+    def track_attempt_end(self) -> None:
+        if self._tracking is not None:
+            self._tracking.attempt_ended()
+
+    async def finish_tracking(self, status: str, error: str | None, final_checkpoint: str | None) -> Any:
+        """The fit ended: the writer's last sync (a TrackingOutcome), or None when not tracked."""
+        if self._tracking is None:
+            return None
+        return await asyncio.to_thread(self._tracking.finish, status, error, final_checkpoint)
+
 
 def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: str, step: int,
          timeout_s: float, checkpoint: bool = False) -> dict[int, Arrival]:
@@ -165,11 +197,11 @@ def _describe(seen: dict[int, Arrival]) -> str:
 class LedgerCallback(UserCallback):
     """Controller-side callback: forwards every report that carries ray-ormas facts to the ledger,
     and, when the fit is tracked, rank 0's metrics and checkpoint of each `ray_ormas.report` and
-    the end of a failed attempt to the MLflow writer (mlflow_writer.py). Never waits on either."""
+    the end of a failed attempt to the ledger's MLflow writer (mlflow_writer.py). Never waits."""
 
-    def __init__(self, ledger: Any, writer: Any = None) -> None:
+    def __init__(self, ledger: Any, tracked: bool = False) -> None:
         self._ledger = ledger
-        self._writer = writer
+        self._tracked = tracked
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
@@ -177,11 +209,11 @@ class LedgerCallback(UserCallback):
             self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
                                             for m in metrics])
             rank0 = metrics[0]
-            if self._writer is not None and rank0.get("ormas/kind") == "user":
-                self._writer.loop_report.remote({k: v for k, v in rank0.items() if not k.startswith("ormas/")},
-                                                rank0.get("ormas/run_step"), checkpoint)
+            if self._tracked and rank0.get("ormas/kind") == "user":
+                self._ledger.track_report.remote({k: v for k, v in rank0.items() if not k.startswith("ormas/")},
+                                                 rank0.get("ormas/run_step"), checkpoint)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})
-        if self._writer is not None:
-            self._writer.attempt_ended.remote()
+        if self._tracked:
+            self._ledger.track_attempt_end.remote()

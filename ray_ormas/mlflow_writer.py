@@ -1,24 +1,27 @@
-"""The fit's MLflow writer: one Ray actor on the head node, the only process that talks to MLflow.
+"""The fit's MLflow writer: it lives in the run ledger actor on the head node (ledger.py), the
+only process that talks to MLflow.
 
-    driver      start_writer(...)               -> TrackingWriter actor (head node), returns at once
-    rank 0      RowForwarder (an ormas-monitor sink): writer.rows.remote(...) per check, never waits
-    controller  LedgerCallback.after_report     -> writer.loop_report.remote(rank 0's metrics, checkpoint)
-                LedgerCallback.after_exception  -> writer.attempt_ended.remote()   (sync that attempt)
-    driver      finish_writer(...)              -> writer.finish(status): drain, sync, artifacts, status
+    driver      RunLedger(world, WriterSpec)    -> the ledger builds the TrackingWriter, returns at once
+    rank 0      RowForwarder (an ormas-monitor sink): ledger.track_rows.remote(...) per check, never waits
+    controller  LedgerCallback.after_report     -> ledger.track_report.remote(rank 0's metrics, checkpoint)
+                LedgerCallback.after_exception  -> ledger.track_attempt_end.remote()   (sync that attempt)
+    driver      ledger.finish_tracking(status)  -> drain, sync, artifacts, status; then the ledger goes
 
-Inside the actor, calls only append to an in-memory outbox (bounded by
+Living in the ledger's process costs the start of the fit no process of its own. Calls only
+append to an in-memory outbox (bounded by
 `MLflowSettings.max_pending` metric values; beyond it the oldest are dropped from memory and
 come back from the record at the next sync) and to the tracking journal in the run's storage
 (mlflow_sync.py). One sender thread creates the run (after the workers started, so MLflow is
-off the path to the first training step), sends the outbox in batches, and on any failure keeps
+off the path to the first training step: it waits for rank 0's first check), sends the outbox
+in batches, and on any failure keeps
 everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
 each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
 
 Entries carry the timestamp they were received with, so a batch resent after a timeout that the
 server did store is dropped by MLflow as an exact duplicate.
 
-Hooks relied on: Ray actors (threaded, `max_concurrency`), `MlflowClient`, and the driver's MLflow
-environment variables handed to the actor's constructor (so only the driver and the head node
+Hooks relied on: `MlflowClient`, a thread of its own in the ledger actor, and the driver's MLflow
+environment variables handed to the ledger's constructor (so only the driver and the head node
 hold them).
 """
 from __future__ import annotations
@@ -32,8 +35,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import ray
 
 from .mlflow_sync import Entry, event_step, new_journal, open_run, send_entries, sync_fit, write_journal
 from .records import RunRecords
@@ -74,7 +75,6 @@ def embedded_uri(run_dir: str | None) -> str:
     return f"sqlite:///{store.resolve() / 'mlflow.db'}"
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
 class TrackingWriter:
     """The head node's MLflow writer of one fit (see the module docstring)."""
 
@@ -89,10 +89,12 @@ class TrackingWriter:
                                     tags=dict(s.tags), params=spec.params, run_id=s.run_id,
                                     log_checkpoints=s.log_checkpoints, checkpoint_metric=s.checkpoint_metric,
                                     checkpoint_mode=s.checkpoint_mode)
-        self._lock = threading.Lock()           # journal, outbox, tasks
+        self._lock = threading.Lock()           # journal, outbox, tasks: held briefly, never during I/O
         self._io = threading.Lock()             # one sender at a time: the thread, or finish()
+        self._journal_io = threading.Lock()     # one journal write at a time, each of the newest state
         self._outbox: deque[tuple[Entry, int]] = deque()
         self._tasks: deque[int] = deque()       # attempts whose end asks for a sync
+        self._raw: deque[tuple[str, int, str, dict[str, Any], int]] = deque()   # rows not yet named
         self._namings: dict[str, Any] = {}
         self._dropped = 0
         self._attempt = 0
@@ -102,23 +104,23 @@ class TrackingWriter:
         self._outage: str | None = None
         self._journal_failed = False
         self._wake = threading.Event()
+        self._training = threading.Event()     # set by the first row, report or finish
         self._save_journal()
         threading.Thread(target=self._run, name="ray-ormas-mlflow", daemon=True).start()
 
     # ------------------------------------------------------------------ called by rank 0 and the controller
     def rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
-        """One monitor row or event from rank 0, its step the segment's; logged at offset + step."""
+        """One monitor row or event from rank 0, its step the segment's; logged at offset + step.
+        Named (ormas-monitor's MLflowSink, which imports mlflow) by the sender thread, later."""
         with self._lock:
             if self._closed:
                 return                          # the final sync takes it from the record
-            try:
-                naming = self._namings.get(prefix) or self._namings.setdefault(prefix, _naming(prefix))
-            except Exception as e:              # OrmasCompatError: say it loudly, once
-                if not self._namings.get("!failed"):
-                    self._namings["!failed"] = True
-                    logger.error("[ray-ormas] MLflow: %s", e)
-                return
-            self._add(naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset}))
+            self._raw.append((prefix, offset, kind, payload, int(time.time() * 1000)))
+            while len(self._raw) > self._spec.settings.max_pending:
+                self._raw.popleft()
+                self._dropped += 1
+        if kind == "metrics":                   # the first check: training has started
+            self._training.set()
 
     def attempt_started(self, attempt: int, offset: int) -> None:
         """Rank 0's main monitor of a new attempt starts at run step `offset`."""
@@ -149,13 +151,15 @@ class TrackingWriter:
                 entries.append(("ormas/checkpoint", 1.0, int(step)))
             if not self._closed:
                 self._add(entries)
-            self._save_journal()
+        self._save_journal()
+        self._training.set()
         self._wake.set()
 
     def attempt_ended(self) -> None:
         """A worker group failed: bring the run up to the record of the attempts so far."""
         with self._lock:
             self._tasks.append(self._attempt)
+        self._training.set()
         self._wake.set()
 
     def finish(self, status: str, error: str | None, final_checkpoint: str | None) -> TrackingOutcome:
@@ -164,7 +168,8 @@ class TrackingWriter:
         with self._lock:
             self._closed = True
             self._journal.update(status=status, error=error, final_checkpoint=final_checkpoint)
-            self._save_journal()
+        self._save_journal()
+        self._training.set()                    # a sender still waiting for training: let it end
         with self._io:
             try:
                 result = self._flush(sync_up_to=None, finished=True)
@@ -172,7 +177,7 @@ class TrackingWriter:
             except Exception as e:
                 return TrackingOutcome(self._journal.get("run_id"), self._uri, complete=False,
                                        error=f"{type(e).__name__}: {first_line(e)}",
-                                       pending=len(self._outbox) + self._dropped)
+                                       pending=len(self._outbox) + len(self._raw) + self._dropped)
 
     # ------------------------------------------------------------------ the sender
     def _add(self, entries: list[Entry]) -> None:
@@ -183,6 +188,10 @@ class TrackingWriter:
             self._dropped += 1
 
     def _run(self) -> None:
+        # Nothing touches MLflow (importing it, creating a store, the run) before training has
+        # started: the workers' start-up must not share the head node's CPU with it.
+        self._training.wait()
+        from .compat import OrmasCompatError     # torch and ormas-monitor: only now
         failures = 0
         while True:
             self._wake.wait(timeout=BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] if failures else 1.0)
@@ -197,6 +206,9 @@ class TrackingWriter:
                     if task is not None:
                         with self._lock:
                             self._tasks.popleft()
+                except OrmasCompatError as e:       # not an outage: say it loudly, once, and stop
+                    logger.error("[ray-ormas] MLflow tracking stopped: %s", e)
+                    return
                 except Exception as e:
                     failures += 1
                     if self._outage is None:
@@ -216,6 +228,7 @@ class TrackingWriter:
         """Send what the outbox holds; then, for a finished attempt (`sync_up_to`) or the whole fit
         (`finished`), what the record and the journal hold that MLflow lacks. The journal is read
         together with the outbox, so nothing is sent twice."""
+        self._name_rows()
         client = self._mlflow()
         with self._lock:
             batch = list(self._outbox)
@@ -233,6 +246,24 @@ class TrackingWriter:
             self._dropped = 0
         return result
 
+    def _name_rows(self) -> None:
+        """Turn rank 0's rows into (name, value, step) entries in the outbox, in arrival order.
+        Only the sender does this (under `_io`), so the namings need no lock."""
+        while True:
+            with self._lock:
+                if not self._raw:
+                    return
+                prefix, offset, kind, payload, stamp = self._raw.popleft()
+            naming = self._namings.get(prefix)
+            if naming is None:                  # imports mlflow; an OrmasCompatError is loud, at once
+                naming = self._namings[prefix] = _naming(prefix)
+            entries = naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset})
+            with self._lock:
+                self._outbox.extend((e, stamp) for e in entries)
+                while len(self._outbox) > self._spec.settings.max_pending:
+                    self._outbox.popleft()
+                    self._dropped += 1
+
     def _mlflow(self) -> Any:
         """The client, with the run open (created once, its id in the journal)."""
         if self._client is None:
@@ -244,7 +275,7 @@ class TrackingWriter:
             run_id = open_run(self._client, journal)
             with self._lock:
                 self._journal["run_id"] = run_id
-                self._save_journal()
+            self._save_journal()
             self._opened = True
             logger.info("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
         return self._client
@@ -254,8 +285,15 @@ class TrackingWriter:
         return copy.deepcopy(self._journal)
 
     def _save_journal(self) -> None:
+        """Write the journal as it is now (the caller must not hold `_lock`)."""
+        with self._journal_io:
+            with self._lock:
+                journal = self._snapshot()
+            self._write(journal)
+
+    def _write(self, journal: dict[str, Any]) -> None:
         try:
-            write_journal(self._spec.store, self._journal)
+            write_journal(self._spec.store, journal)
         except Exception as e:                  # storage trouble is the record's to report; MLflow goes on
             if not self._journal_failed:
                 self._journal_failed = True
@@ -264,37 +302,23 @@ class TrackingWriter:
 
 
 def _naming(prefix: str) -> Any:
-    from .compat import MetricNaming
+    from .compat import MetricNaming          # imports mlflow (through ormas-monitor's MLflowSink)
     return MetricNaming(prefix)
 
 
-def start_writer(spec: WriterSpec, actor_options: dict[str, Any]) -> Any:
-    """The writer actor for one fit (on the head node, no CPU); returns at once."""
-    return TrackingWriter.options(num_cpus=0, **actor_options).remote(spec)
-
-
-def finish_writer(writer: Any, status: str, error: BaseException | None, final_checkpoint: str | None,
-                  timeout_s: float) -> TrackingOutcome:
-    """Ask the writer to finish; never raises. The caller kills the actor afterwards."""
-    text = f"{type(error).__name__}: {error}" if error is not None else None
-    try:
-        return ray.get(writer.finish.remote(status, text, final_checkpoint), timeout=timeout_s)
-    except Exception as e:
-        return TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {first_line(e)}")
-
-
 class RowForwarder:
-    """Rank 0's ormas-monitor sink: hands each row and event to the head-node writer and returns
-    (an actor call submitted, never awaited). Workers never import mlflow or reach the server."""
+    """Rank 0's ormas-monitor sink: hands each row and event to the head-node writer (through the
+    ledger) and returns: an actor call submitted, never awaited. Workers never import mlflow or
+    reach the server."""
 
-    def __init__(self, writer: Any, prefix: str, attempt: int, step_offset: int, primary: bool) -> None:
-        self._writer = writer
+    def __init__(self, ledger: Any, prefix: str, attempt: int, step_offset: int, primary: bool) -> None:
+        self._ledger = ledger
         self._prefix = prefix
         self._offset = step_offset
         self._last_step = 0
         self._failed = False
         if primary:
-            self._submit(writer.attempt_started, attempt, step_offset)
+            self._submit(ledger.track_attempt, attempt, step_offset)
 
     def __call__(self, kind: str, payload: dict) -> None:
         if kind == "metrics":
@@ -302,7 +326,7 @@ class RowForwarder:
         else:
             self._last_step = event_step(payload, self._last_step)
             body = {"event": payload.get("event"), "step": self._last_step}
-        self._submit(self._writer.rows, self._prefix, self._offset, kind, body)
+        self._submit(self._ledger.track_rows, self._prefix, self._offset, kind, body)
 
     def _submit(self, method: Any, *args: Any) -> None:
         if self._failed:

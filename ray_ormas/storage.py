@@ -32,10 +32,12 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
-from ray.train import RunConfig
+
+if TYPE_CHECKING:
+    from ray.train import RunConfig
 
 SEGMENT = re.compile(r"^segment-(\d{3,})$")
 SEGMENT_FILE = "segment.json"

@@ -49,7 +49,7 @@ from .ledger import LedgerCallback, RunLedger
 from .paths import resolve_location
 from .records import RunRecords
 from .storage import RecordStore, resolve
-from .mlflow_writer import TrackingOutcome, WriterSpec, finish_writer, start_writer
+from .mlflow_writer import TrackingOutcome, WriterSpec
 from .tracking import MLflowSettings, absolute_store_uri, check_run_exists, mlflow_environment, shown
 from .worker import WorkerPlan, wrap_train_loop
 
@@ -232,14 +232,13 @@ class RayOrmasTrainer:
                 raise ValueError(f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
                                  f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
         fit_id = uuid.uuid4().hex
-        head = _on_head_node()
-        writer = self._start_tracking(fit_id, head)
-        ledger = RunLedger.options(num_cpus=0, **head).remote(self.scaling_config.num_workers)
+        tracking = self._tracking_spec(fit_id)
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers, tracking)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
-                          run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracking=writer,
+                          run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
                           sync_batchnorm=self.sync_batchnorm, batch=self.batch)
         run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []),
-                                                                     LedgerCallback(ledger, writer)])
+                                                                     LedgerCallback(ledger, tracking is not None)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
                                train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
                                scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
@@ -249,11 +248,11 @@ class RayOrmasTrainer:
             _tell_where_the_record_is(ledger, self.store)
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
             interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
-            self._finish_tracking(writer, "KILLED" if interrupted else "FAILED", e, None)
+            self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
-            outcome = self._finish_tracking(writer, "FINISHED", None,
+            outcome = self._finish_tracking(ledger, "FINISHED", None,
                                             result.checkpoint.path if result.checkpoint else None)
         finally:
             ray.kill(ledger, no_restart=True)
@@ -264,9 +263,9 @@ class RayOrmasTrainer:
                                       mlflow_complete=outcome.complete)
         return RayOrmasResult(**fields, ormas=run)
 
-    def _start_tracking(self, fit_id: str, actor_options: dict[str, Any]) -> Any:
-        """The fit's MLflow writer on the head node (None when tracking is off). Nothing here talks
-        to MLflow, so tracking costs the path to the first step only an actor start."""
+    def _tracking_spec(self, fit_id: str) -> WriterSpec | None:
+        """What the ledger's MLflow writer needs (None when tracking is off). Nothing here talks to
+        MLflow: the writer on the head node does, once training has started."""
         if self.mlflow is None:
             return None
         rc = self.run_config
@@ -280,21 +279,25 @@ class RayOrmasTrainer:
         settings = dataclasses.replace(self.mlflow, tracking_uri=uri)
         spec = WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
                           run_dir=self._run_dir(), environment=mlflow_environment())
-        return start_writer(spec, actor_options)
+        return spec
 
     def _run_dir(self) -> str | None:
         """The run's folder when its storage is local (home of the embedded MLflow store)."""
         fs, base = resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
         return os.path.join(base, self.run_config.name) if isinstance(fs, pafs.LocalFileSystem) else None
 
-    def _finish_tracking(self, writer: Any, status: str, error: BaseException | None,
+    def _finish_tracking(self, ledger: Any, status: str, error: BaseException | None,
                          checkpoint: str | None) -> TrackingOutcome | None:
         """Close the run (FINISHED, FAILED or KILLED); say once if MLflow could not take it all."""
-        if writer is None:
-            return None
         s = self.mlflow
-        outcome = finish_writer(writer, status, error, checkpoint, timeout_s=FINISH_TIMEOUT_S + 30 * s.request_timeout_s)
-        ray.kill(writer, no_restart=True)
+        if s is None:
+            return None
+        text = f"{type(error).__name__}: {error}" if error is not None else None
+        try:
+            outcome = ray.get(ledger.finish_tracking.remote(status, text, checkpoint),
+                              timeout=FINISH_TIMEOUT_S + 30 * s.request_timeout_s)
+        except Exception as e:          # the ledger is gone or too slow: the journal and record remain
+            outcome = TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {e}"[:300])
         if not outcome.complete:
             logger.warning("[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
                            "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "

@@ -71,7 +71,7 @@ class WorkerPlan:
     run_name: str
     fit_id: str
     ledger: Any
-    tracking: Any = None                        # the fit's MLflow writer (mlflow_writer.py), or None
+    tracked: bool = False                       # the ledger's MLflow writer takes rank 0's rows
     sync_batchnorm: bool = False
     batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
 
@@ -171,8 +171,8 @@ class WorkerMonitor:
             link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"))
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
-        self.tracker = (RowForwarder(plan.tracking, self._prefix.rstrip("/"), session.attempt, self.step_offset,
-                                     self._primary) if session.rank == 0 and plan.tracking is not None else None)
+        self.tracker = (RowForwarder(plan.ledger, self._prefix.rstrip("/"), session.attempt, self.step_offset,
+                                     self._primary) if session.rank == 0 and plan.tracked else None)
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         if plan.settings.progress and session.rank == 0:
             own.append(ProgressPrinter(name))

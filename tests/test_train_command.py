@@ -58,6 +58,9 @@ train: {epochs: 1, batch: {size: 32}}
      ["storage.path: '/no/such/parent/runs': its parent folder /no/such/parent does not exist"]),
     (MINIMAL, ["storage.record_dir=/no/such/parent/records"], ["storage.record_dir: '/no/such/parent/records'"]),
     (MINIMAL, ["scaling.resources_per_worker={GPU: 1}"], ["scaling: `use_gpu` is False but `GPU` was found"]),
+    (MINIMAL, ["mlflow.log_checkpoints=bestest"], ["mlflow.log_checkpoints: Input should be 'none', 'last', 'best'"]),
+    (MINIMAL, ["mlflow.log_checkpoints=best"], ["mlflow: MLflowSettings(log_checkpoints='best') needs checkpoint_metric"]),
+    (MINIMAL, ["mlflow.max_pending=5"], ["mlflow.max_pending: Input should be greater than or equal to 1000"]),
     ("- a list\n", [], ["must hold a mapping of sections"]),
     ("name: [unclosed\n", [], ["is not valid YAML"]),
 ])
@@ -69,6 +72,18 @@ def test_config_errors_exit_2_naming_the_key_before_ray_starts(capsys, tmp_path,
     for w in words:
         assert w in err, err
     assert ray.is_initialized() == was_running
+
+
+def test_every_mlflow_key_reaches_the_trainer(tmp_path):
+    from ray_ormas.train_command import build_trainer
+    keys = {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment": "e", "run_name": "r", "tags": {"a": "b"},
+            "request_timeout_s": 2.5, "log_checkpoints": "best", "checkpoint_metric": "val_loss",
+            "checkpoint_mode": "max", "max_pending": 5000}
+    job = load_config(write(tmp_path, MINIMAL + f"storage: {{path: {tmp_path}}}\n"),
+                      [f"mlflow.{k}={json.dumps(v)}" for k, v in keys.items()])
+    s = build_trainer(job).mlflow
+    assert (s.tracking_uri, s.experiment_name, s.run_name, s.tags, s.request_timeout_s, s.log_checkpoints,
+            s.checkpoint_metric, s.checkpoint_mode, s.max_pending) == tuple(keys.values())
 
 
 def test_missing_config_file_and_bad_usage(capsys, tmp_path):
