@@ -103,7 +103,7 @@ def _mlflow_sync(records, tracking_uri: str | None) -> int:
     journals = read_journals(records.store)
     if not journals:
         print(f"ray-ormas mlflow-sync: no MLflow journal under {records.store.shown()} (its .mlflow/ folder): the "
-              f"run was trained with mlflow=False, or by a ray-ormas before 0.3", file=sys.stderr)
+              f"run was trained with mlflow=False, or by a ray-ormas that kept no MLflow journal yet", file=sys.stderr)
         return 2
     quick_requests(10.0)
     from mlflow import MlflowClient

@@ -309,10 +309,12 @@ def upload_checkpoints(client: Any, run_id: str, journal: dict[str, Any], fs: pa
     n, gone = 0, []
     for c in chosen_checkpoints(journal):
         path = c["path"]
+        artifact_path = f"checkpoints/{posixpath.basename(path.rstrip('/'))}"
         if fs.get_file_info(path).type != pafs.FileType.Directory:
-            gone.append(path)
+            if not client.list_artifacts(run_id, artifact_path):      # not uploaded before it was deleted
+                gone.append(path)
             continue
-        n += upload_folder(client, run_id, fs, path, f"checkpoints/{posixpath.basename(path.rstrip('/'))}")
+        n += upload_folder(client, run_id, fs, path, artifact_path)
     return n, gone
 
 

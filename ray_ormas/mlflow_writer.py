@@ -29,6 +29,9 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import posixpath
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -36,7 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .mlflow_sync import Entry, event_step, new_journal, open_run, send_entries, sync_fit, write_journal
+import pyarrow.fs as pafs
+
+from .mlflow_sync import (Entry, event_step, new_journal, open_run, send_entries, sync_fit, upload_folder,
+                          write_journal)
 from .records import RunRecords
 from .storage import RecordStore
 from .tracking import MLflowSettings, first_line, loop_metrics, quick_requests, shown
@@ -95,6 +101,7 @@ class TrackingWriter:
         self._outbox: deque[tuple[Entry, int]] = deque()
         self._tasks: deque[int] = deque()       # attempts whose end asks for a sync
         self._raw: deque[tuple[str, int, str, dict[str, Any], int]] = deque()   # rows not yet named
+        self._uploads: deque[tuple[Path, str]] = deque()   # staged checkpoints (log_checkpoints="all")
         self._namings: dict[str, Any] = {}
         self._dropped = 0
         self._attempt = 0
@@ -132,12 +139,14 @@ class TrackingWriter:
     def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
         """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""
         kept, skipped = loop_metrics(metrics)
-        pointer = None
+        pointer, staged = None, None
         if checkpoint is not None:
             try:
                 pointer = checkpoint.get_metadata().get("ormas")
             except Exception:
                 pointer = None
+            if self._spec.settings.log_checkpoints == "all":
+                staged = _stage(checkpoint)       # now, before num_to_keep can delete it
         with self._lock:
             j = self._journal
             if step is None:
@@ -149,6 +158,8 @@ class TrackingWriter:
                 j["checkpoints"].append({"step": int(step), "path": checkpoint.path, "record": pointer,
                                          "metrics": kept})
                 entries.append(("ormas/checkpoint", 1.0, int(step)))
+                if staged is not None:
+                    self._uploads.append((staged, posixpath.basename(checkpoint.path.rstrip("/"))))
             if not self._closed:
                 self._add(entries)
         self._save_journal()
@@ -178,6 +189,9 @@ class TrackingWriter:
                 return TrackingOutcome(self._journal.get("run_id"), self._uri, complete=False,
                                        error=f"{type(e).__name__}: {first_line(e)}",
                                        pending=len(self._outbox) + len(self._raw) + self._dropped)
+            finally:                            # staged copies never outlive the fit (see mlflow.md)
+                for staged, _ in self._uploads:
+                    shutil.rmtree(staged, ignore_errors=True)
 
     # ------------------------------------------------------------------ the sender
     def _add(self, entries: list[Entry]) -> None:
@@ -239,6 +253,12 @@ class TrackingWriter:
             with self._lock:
                 for _ in chunk:
                     self._outbox.popleft()
+        while self._uploads:
+            staged, name = self._uploads[0]
+            upload_folder(client, journal["run_id"], pafs.LocalFileSystem(), str(staged), f"checkpoints/{name}")
+            shutil.rmtree(staged, ignore_errors=True)
+            with self._lock:
+                self._uploads.popleft()
         if sync_up_to is None and not finished:
             return None
         result = sync_fit(client, RunRecords(self._spec.store), journal, up_to_attempt=sync_up_to, finished=finished)
@@ -299,6 +319,20 @@ class TrackingWriter:
                 self._journal_failed = True
                 logger.warning("[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
                                "reach MLflow only from memory", self._spec.store.shown(), type(e).__name__, e)
+
+
+def _stage(checkpoint: Any) -> Path | None:
+    """A local copy of a reported checkpoint (on the head node), to upload when MLflow can take it."""
+    staged = Path(tempfile.mkdtemp(prefix="ray-ormas-checkpoint-"))
+    try:
+        pafs.copy_files(checkpoint.path, str(staged), source_filesystem=checkpoint.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+    except Exception as e:
+        shutil.rmtree(staged, ignore_errors=True)
+        logger.warning("[ray-ormas] could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path,
+                       type(e).__name__, e)
+        return None
+    return staged
 
 
 def _naming(prefix: str) -> Any:

@@ -7,14 +7,16 @@ Every segment folder holds a `segment.json` written when rank 0 claims it, befor
      "previous": {"segment": "segment-000", "last_hash": "<sha256 of its last diary line>",
                   "events": 41, "complete": false},
      "resumed_from": {"checkpoint": "<path>", "record": {<the pointer below>}},
-     "step_offset": 300}
+     "step_offset": 300, "strategy": "ddp", "batch": null, "metric_prefix": "ormas"}
 
 `previous` names the segment before it and the hash its diary ended on (as persisted), so the
 chain of segments can be checked the way ormas-monitor checks the chain of lines inside one;
 `complete` is false when that segment has no `run_end` (its attempt crashed). `attempt` counts
 worker-group starts within one `fit()` (`fit_id`); a rerun under the same name starts at 0 again.
 `step_offset` is the optimizer step the segment starts at: the resumed checkpoint's step, else 0;
-a segment's `step + step_offset` is the step of the whole run.
+a segment's `step + step_offset` is the step of the whole run. `metric_prefix` is the prefix of
+the monitor's MLflow metrics (`ormas` for the first monitor, `ormas/<name>` for the others), so
+`ray-ormas mlflow-sync` names the rows as they were named live.
 
 A checkpoint reported through `ray_ormas.report(..., checkpoint=...)` gets, in its Ray metadata
 (`Checkpoint.get_metadata()["ormas"]`), one pointer per monitor: the segment, how many diary

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -38,6 +39,9 @@ MLFLOW_ENV = ("MLFLOW_TRACKING_URI", *_SECRET_ENV, "MLFLOW_TRACKING_INSECURE_TLS
               "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
               "AWS_DEFAULT_REGION", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING")
 _USERINFO = re.compile(r"(?<=://)[^/@]+@")
+# The metric names MLflow accepts (its own rule, mlflow.utils.validation): a request with any other
+# name is refused whole, so such a name is skipped here rather than sent.
+_METRIC_NAME = re.compile(r"^[/\w.\- :]{1,250}$")
 
 
 @dataclass(frozen=True)
@@ -138,14 +142,14 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def fit_params(params: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Params within MLflow's limits, and the keys that had to be truncated, without secrets."""
+    """Params within MLflow's limits, and the keys that had to be cut or renamed, without secrets."""
     secrets = {os.environ[k] for k in _SECRET_ENV if len(os.environ.get(k) or "") >= 4}
     out, cut = {}, []
     for k, v in params.items():
         for s in secrets:
             v = v.replace(s, "***")
-        key = k[:PARAM_KEY_LIMIT]
-        if len(v) > PARAM_VALUE_LIMIT or len(k) > PARAM_KEY_LIMIT:
+        key = re.sub(r"[^/\w.\- :]", "_", k)[:PARAM_KEY_LIMIT]     # characters MLflow refuses become _
+        if len(v) > PARAM_VALUE_LIMIT or len(k) > PARAM_KEY_LIMIT or key != k[:PARAM_KEY_LIMIT]:
             cut.append(k)
             v = v[:PARAM_VALUE_LIMIT - 3] + "..." if len(v) > PARAM_VALUE_LIMIT else v
         out[key] = v
@@ -156,17 +160,25 @@ def loop_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str
     """(the values MLflow can take as metrics, the keys skipped). Numbers (bool, int, float,
     numpy scalars, one-element tensors) are kept, NaN and Inf included (MLflow stores NaN and
     clips Inf to the largest double); strings, lists, dicts and None are skipped: they stay in
-    Ray's `Result.metrics`. Keys starting with `ormas/` are ray-ormas's own and not loop metrics."""
+    Ray's `Result.metrics`, as are names MLflow refuses (see `metric_name_ok`). Keys starting
+    with `ormas/` are ray-ormas's own and not loop metrics."""
     kept, skipped = {}, []
     for k, v in metrics.items():
         if not isinstance(k, str) or k.startswith("ormas/"):
             continue
         value = _number(v)
-        if value is None:
+        if value is None or not metric_name_ok(k):
             skipped.append(k)
         else:
             kept[k] = value
     return kept, skipped
+
+
+def metric_name_ok(name: str) -> bool:
+    """MLflow takes the name: letters, digits, `_ - . : /` and spaces, at most 250 characters, and
+    no path tricks (`a//b`, `./a`, `/a`, `a/..`)."""
+    return bool(_METRIC_NAME.match(name)) and posixpath.normpath(name) == name and \
+        not name.startswith(("/", "..")) and name != "."
 
 
 def _number(v: Any) -> float | None:

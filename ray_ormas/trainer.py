@@ -46,10 +46,10 @@ from .capacity import check_capacity
 from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
                      check_strategy)
 from .ledger import LedgerCallback, RunLedger
+from .mlflow_writer import TrackingOutcome, WriterSpec
 from .paths import resolve_location
 from .records import RunRecords
 from .storage import RecordStore, resolve
-from .mlflow_writer import TrackingOutcome, WriterSpec
 from .tracking import MLflowSettings, absolute_store_uri, check_run_exists, mlflow_environment, shown
 from .worker import WorkerPlan, wrap_train_loop
 
@@ -277,9 +277,8 @@ class RayOrmasTrainer:
                   "ray_run_name": rc.name}
         uri = absolute_store_uri(self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         settings = dataclasses.replace(self.mlflow, tracking_uri=uri)
-        spec = WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
+        return WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
                           run_dir=self._run_dir(), environment=mlflow_environment())
-        return spec
 
     def _run_dir(self) -> str | None:
         """The run's folder when its storage is local (home of the embedded MLflow store)."""

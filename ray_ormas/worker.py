@@ -51,11 +51,11 @@ from ormas_monitor.integrations._common import LossWindow
 from .compat import flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .ledger import RANK_KEY, Arrival, meet
+from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .storage import RecordStore
 from .strategies import prepare
-from .mlflow_writer import RowForwarder
 
 _SESSION: WorkerSession | None = None
 RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record

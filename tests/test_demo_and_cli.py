@@ -24,6 +24,14 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_p
         assert r.report.is_file() and verify_run(r.report.parent).ok
     table = capsys.readouterr().out
     assert "test acc" in table and str(repair.report) in table
+    # One MLflow store and experiment for the three arms, and the command that opens it.
+    store = tmp_path / "demo" / "mlflow.db"
+    assert f"mlflow ui --backend-store-uri sqlite:///{store}" in table
+    from mlflow import MlflowClient
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("ray-ormas-demo").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["digits-healthy", "digits-repair", "digits-watch"]
+    assert all(r.info.status == "FINISHED" for r in runs)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -179,10 +179,12 @@ def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
 def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
     from ray_ormas.tracking import fit_params, flatten_params, shown
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
-    flat = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v"})
+    flat = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v",
+                           "lr@warmup": 3})
     assert flat["a.b.c"] == "1" and flat["a.empty"] == "{}" and flat["l"] == "[1, 2]"
     values, cut = fit_params(flat)
-    assert values["pw"] == "x-***-y" and "k" * 250 in values and cut == ["k" * 300]
+    assert values["pw"] == "x-***-y" and "k" * 250 in values and cut == ["k" * 300, "lr@warmup"]
+    assert values["lr_warmup"] == "3"
     assert shown("https://bob:pw@host:5000/x") == "https://***@host:5000/x"
 
 
@@ -216,10 +218,11 @@ def test_loop_metrics_keep_numbers_and_skip_the_rest():
     from ray_ormas.tracking import loop_metrics
     kept, skipped = loop_metrics({"a": 1, "b": 2.5, "ok": True, "n": np.float32(0.5), "t": torch.tensor(3.0),
                                   "nan": float("nan"), "inf": float("inf"), "s": "x", "l": [1], "d": {"x": 1},
-                                  "none": None, "big": torch.ones(3), "ormas/loss": 1.0})
+                                  "none": None, "big": torch.ones(3), "ormas/loss": 1.0, "val/acc@1": 0.5,
+                                  "a//b": 1.0, "x" * 251: 1.0, "val/top-1 acc": 0.25})
     assert {k: v for k, v in kept.items() if k not in ("nan",)} == \
-        {"a": 1.0, "b": 2.5, "ok": 1.0, "n": 0.5, "t": 3.0, "inf": math.inf}
-    assert math.isnan(kept["nan"]) and sorted(skipped) == ["big", "d", "l", "none", "s"]
+        {"a": 1.0, "b": 2.5, "ok": 1.0, "n": 0.5, "t": 3.0, "inf": math.inf, "val/top-1 acc": 0.25}
+    assert math.isnan(kept["nan"]) and sorted(skipped) == ["a//b", "big", "d", "l", "none", "s", "val/acc@1", "x" * 251]
 
 
 def test_the_checkpoint_policy_picks_none_last_best_or_all():
@@ -398,3 +401,21 @@ def test_metric_names_come_from_ormas_monitor_and_a_changed_sink_fails_loudly(mo
     monkeypatch.setattr(sinks, "MLflowSink", Reworded)
     with pytest.raises(OrmasCompatError, match="a probe row was named"):
         MetricNaming("ormas")
+
+
+@pytest.mark.timeout(300)
+def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(ray_cluster, server, storage):
+    from ray.train import CheckpointConfig
+    result = fit(storage, "every", MLflowSettings(tracking_uri=server, experiment_name="every", log_checkpoints="all"),
+                 train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "sleep_per_step": 0.3},
+                 run_config=RunConfig(name="every", storage_path=str(storage),
+                                      checkpoint_config=CheckpointConfig(num_to_keep=1)))
+    [run] = runs_of(server, "every")
+    client = MlflowClient(server)
+    kept = [p.name for p in (storage / "every").glob("checkpoint_*")]
+    assert kept == [Path(result.checkpoint.path).name]                  # Ray kept one
+    uploaded = artifacts(client, run.info.run_id, "checkpoints")
+    assert len(uploaded) == 3 and set(kept) < uploaded                  # MLflow has all three
+    listed = json.loads(Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json",
+                                                       str(storage))).read_text())
+    assert [c["step"] for c in listed] == [4, 8, 12] and {Path(c["path"]).name for c in listed} == uploaded
