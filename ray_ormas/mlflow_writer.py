@@ -8,12 +8,12 @@ only process that talks to MLflow.
     driver      ledger.finish_tracking(status)  -> drain, sync, artifacts, status; then the ledger goes
 
 Living in the ledger's process costs the start of the fit no process of its own. Calls only
-append to an in-memory outbox (bounded by
-`MLflowSettings.max_pending` metric values; beyond it the oldest are dropped from memory and
-come back from the record at the next sync) and to the tracking journal in the run's storage
-(mlflow_sync.py). One sender thread creates the run (after the workers started, so MLflow is
-off the path to the first training step: it waits for rank 0's first check), sends the outbox
-in batches, and on any failure keeps
+append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values; beyond it
+the oldest are dropped from memory and come back from the record at the end) and to the
+tracking journal in the run's storage (mlflow_sync.py). One sender thread names rank 0's rows
+(ormas-monitor's MLflowSink, through compat.py), creates the run and sends the outbox in
+batches, about once a second; it waits for rank 0's first check, so importing mlflow and
+creating the store are off the path to the first training step. On any failure it keeps
 everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
 each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
 
@@ -111,7 +111,7 @@ class TrackingWriter:
         self._outage: str | None = None
         self._journal_failed = False
         self._wake = threading.Event()
-        self._training = threading.Event()     # set by the first row, report or finish
+        self._training = threading.Event()     # set by the first check, report, failed attempt or finish
         self._save_journal()
         threading.Thread(target=self._run, name="ray-ormas-mlflow", daemon=True).start()
 
