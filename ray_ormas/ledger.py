@@ -15,7 +15,8 @@ It does three things:
   rank 0 a moment (`wait_for_rank0`): if rank 0 is closing its record too, its `run_end` and
   upload are not cut off. If rank 0 is busy elsewhere (training, or waiting in a collective),
   the failing rank waits only a couple of seconds.
-* **The fleet view.** `LedgerCallback` is a Ray Train `UserCallback`; it runs on the controller,
+* **The fleet view.** `LedgerCallback` (ledger_callback.py) is a Ray Train `UserCallback`; it runs
+  on the controller,
   and its `after_report` hook receives one metrics dict per rank (index = world rank) for every
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
   is exactly what went through `ray.train.report`.
@@ -37,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import ray
-from ray.train import Checkpoint, UserCallback
 
 RANK_KEY = "ormas/rank"
 
@@ -192,28 +192,3 @@ def _describe(seen: dict[int, Arrival]) -> str:
     what = {"final": "finished its loop", "user": "called ray_ormas.report", "periodic": "reached a periodic report"}
     return "; ".join(f"rank {r} {what.get(a.kind, a.kind)} after {a.step} monitor steps"
                      for r, a in sorted(seen.items()))
-
-
-class LedgerCallback(UserCallback):
-    """Controller-side callback: forwards every report that carries ray-ormas facts to the ledger,
-    and, when the fit is tracked, rank 0's metrics and checkpoint of each `ray_ormas.report` and
-    the end of a failed attempt to the ledger's MLflow writer (mlflow_writer.py). Never waits."""
-
-    def __init__(self, ledger: Any, tracked: bool = False) -> None:
-        self._ledger = ledger
-        self._tracked = tracked
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
-                     checkpoint: Checkpoint | None) -> None:
-        if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
-            self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
-                                            for m in metrics])
-            rank0 = metrics[0]
-            if self._tracked and rank0.get("ormas/kind") == "user":
-                self._ledger.track_report.remote({k: v for k, v in rank0.items() if not k.startswith("ormas/")},
-                                                 rank0.get("ormas/run_step"), checkpoint)
-
-    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})
-        if self._tracked:
-            self._ledger.track_attempt_end.remote()

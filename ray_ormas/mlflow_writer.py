@@ -205,6 +205,7 @@ class TrackingWriter:
         # Nothing touches MLflow (importing it, creating a store, the run) before training has
         # started: the workers' start-up must not share the head node's CPU with it.
         self._training.wait()
+        _yield_cpu_to_training()
         from .compat import OrmasCompatError     # torch and ormas-monitor: only now
         failures = 0
         while True:
@@ -319,6 +320,15 @@ class TrackingWriter:
                 self._journal_failed = True
                 logger.warning("[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
                                "reach MLflow only from memory", self._spec.store.shown(), type(e).__name__, e)
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's CPU priority (Linux: a thread is a task with its own nice value): where
+    the head node also trains, as on one machine, MLflow work never competes with a worker."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):       # not Linux, or not allowed: run at normal priority
+        pass
 
 
 def _stage(checkpoint: Any) -> Path | None:

@@ -45,7 +45,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .capacity import check_capacity
 from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
                      check_strategy)
-from .ledger import LedgerCallback, RunLedger
+from .ledger import RunLedger
+from .ledger_callback import LedgerCallback
 from .mlflow_writer import TrackingOutcome, WriterSpec
 from .paths import resolve_location
 from .records import RunRecords
