@@ -1,9 +1,10 @@
 """MLflow settings and the pieces both the head-node writer and `ray-ormas mlflow-sync` use.
 
 Every `fit()` is exactly one MLflow run. Only the head node talks to MLflow: the run's writer
-(`mlflow_writer.py`, a Ray actor on the head node) creates the run, logs what rank 0's monitor
-and the loop's reports produce, retries through outages, and closes the run. The workers never
-import mlflow and never need to reach the tracking server or hold its credentials.
+(`mlflow_writer.py`, a thread in the run ledger actor on the head node) creates the run, logs
+what rank 0's monitor and the loop's reports produce, retries through outages, and closes the
+run. The workers never import mlflow and never need to reach the tracking server or hold its
+credentials.
 
 This module holds what does not depend on where it runs:
 
