@@ -24,6 +24,7 @@ except PackageNotFoundError:      # running from a source tree that was not inst
 _WHERE = {
     "TrainState": "checkpointing", "load_checkpoint": "checkpointing", "save_checkpoint": "checkpointing",
     "BatchSize": "config", "MonitorSettings": "config",
+    "FleetSettings": "fleet_config", "FleetSummary": "fleet_record",
     "RankMismatchError": "ledger", "RankSyncTimeoutError": "ledger",
     "RunRecords": "records", "Segment": "records", "open_records": "records",
     "RecordStorageError": "storage", "RecordStore": "storage",
@@ -53,6 +54,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .checkpointing import TrainState, load_checkpoint, save_checkpoint
     from .config import BatchSize, MonitorSettings
+    from .fleet_config import FleetSettings
+    from .fleet_record import FleetSummary
     from .ledger import RankMismatchError, RankSyncTimeoutError
     from .records import RunRecords, Segment, open_records
     from .storage import RecordStorageError, RecordStore

@@ -148,7 +148,21 @@ def _report(records, out: Path, monitor: str | None) -> int:
         failed += not r.verified
     if not done:
         print("no segments found", file=sys.stderr)
+    _fleet_report(records)
     return 1 if failed else 0
+
+
+def _fleet_report(records) -> None:
+    """Each fit's fleet health (when it was on): the per-rank table and the alarms."""
+    from .fleet_record import fleet_folder, fleet_summary, read_fleet
+    for fit_id in records.fleets():
+        meta, checks, alarms = read_fleet(records.store, fit_id)
+        summary = fleet_summary(records.store.shown(fleet_folder(records.store, fit_id)), checks, alarms)
+        print(f"fleet of fit {fit_id}: {meta.get('world_size', '?')} ranks, {summary.checks} checks, "
+              f"{len(alarms)} alarms  ({summary.record})")
+        print(summary.table())
+        for a in alarms:
+            print(f"    alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
 
 
 if __name__ == "__main__":

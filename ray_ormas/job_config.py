@@ -178,6 +178,23 @@ class MLflowSection(Section):
                                                            "down (the record keeps all)")
 
 
+class FleetSection(Section):
+    enabled: bool = Field(True, description="fleet health (with more than one worker): every rank's timings, loss, "
+                                            "non-finite values and parameter digest at every check")
+    slow_score: float = Field(0.5, gt=0, lt=1, description="a rank is slow when its straggler score is below this")
+    slow_checks: int = Field(3, ge=1, description="slow checks in a row before the straggler alarm")
+    min_excess: float = Field(0.1, ge=0, lt=1, description="the least extra busy time that counts as slow, as a "
+                                                           "fraction of the fleet's median step time")
+    divergence: bool = Field(True, description="compare the DDP replicas' parameter digests at every check")
+    ray_metrics: bool = Field(True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)")
+    mlflow_ranks: int = Field(64, ge=0, description="log per-rank scores to MLflow for at most this many ranks")
+    nccl_hang_detector: Literal["off", "observe", "fail"] = Field("off", description="Ray Train's NCCL hang "
+                                                                  "detector (GPU workers): `fail` ends the group "
+                                                                  "with NCCLHangError, recorded in the fleet record")
+    nccl_hang_confirm_s: float | None = Field(None, gt=0, description="seconds a hang lasts before Ray confirms it "
+                                                                      "(null: Ray's default, 600)")
+
+
 class StorageSection(Section):
     path: str = Field("~/ray_results", description="run storage (`RunConfig.storage_path`): a local or shared "
                                                    "path, or a URI (s3://bucket/runs)")
@@ -210,6 +227,8 @@ class JobConfig(Section):
     scaling: ScalingSection = Field(default_factory=ScalingSection, description="workers and resources")
     monitor: MonitorSection = Field(default_factory=MonitorSection, description="the ormas monitor")
     mlflow: MLflowSection = Field(default_factory=MLflowSection, description="MLflow tracking")
+    fleet: FleetSection = Field(default_factory=FleetSection, description="fleet health: stragglers, divergence, "
+                                                                          "non-finite values, per rank")
     storage: StorageSection = Field(default_factory=StorageSection, description="where the run persists")
     failure: FailureSection = Field(default_factory=FailureSection, description="restarts")
 

@@ -21,6 +21,10 @@ It does three things:
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
   is exactly what went through `ray.train.report`.
 
+* **The fleet view's home.** With fleet health on, every rank sends its facts at every check
+  (`fleet_facts`, never awaited) and the ledger's `FleetHead` (fleet_head.py) scores them, writes
+  the fleet record, Ray's metrics and the MLflow entries; `finish_fleet` summarizes it.
+
 * **The MLflow writer's home.** When the fit is tracked, the ledger holds the fit's
   `TrackingWriter` (mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
   controller's reports (`track_report`) and the end of attempts and of the fit; so the head
@@ -68,12 +72,16 @@ class _Meeting:
 class RunLedger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
 
-    def __init__(self, world_size: int, tracking: Any = None) -> None:
+    def __init__(self, world_size: int, tracking: Any = None, fleet: Any = None) -> None:
         self._world = world_size
         self._tracking = None
         if tracking is not None:                # a WriterSpec: the fit is tracked in MLflow
             from .mlflow_writer import TrackingWriter
             self._tracking = TrackingWriter(tracking)
+        self._fleet = None
+        if fleet is not None:                   # a FleetSpec: fleet health is on (fleet_head.py)
+            from .fleet_head import FleetHead
+            self._fleet = FleetHead(fleet, self._tracking)
         self._meetings: dict[tuple[str, int], _Meeting] = {}
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
@@ -87,6 +95,28 @@ class RunLedger:
         if token not in self._attempts:
             self._attempts.append(token)
         return self._attempts.index(token)
+
+    # -------------------------------------------------------------- fleet health (fleet_head.py)
+    def fleet_offset(self, token: str, offset: int) -> None:
+        """Rank 0: the run step at which this attempt's main monitor starts."""
+        if self._fleet is not None:
+            self._fleet.offset(self.begin_attempt(token), offset)
+
+    def fleet_facts(self, token: str, facts: dict[str, Any]) -> None:
+        """One rank's facts at one check."""
+        if self._fleet is not None:
+            self._fleet.facts(self.begin_attempt(token), facts)
+
+    def fleet_error(self, error: str) -> None:
+        """The fit itself failed with Ray's NCCLHangError (raised by the controller, not a worker)."""
+        if self._fleet is not None:
+            self._fleet.hang(max(len(self._attempts) - 1, 0), error, [])
+
+    async def finish_fleet(self) -> Any:
+        """The fit ended: the fleet's summary (a FleetSummary), or None when fleet health is off."""
+        if self._fleet is None:
+            return None
+        return await asyncio.to_thread(self._fleet.finish)
 
     async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int,
                      checkpoint: bool = False) -> dict[int, Arrival]:
@@ -127,6 +157,8 @@ class RunLedger:
 
     def add_exception(self, per_rank: dict[int, str]) -> None:
         self._exceptions.append(per_rank)
+        if self._fleet is not None:
+            self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)
 
     def set_record(self, monitor: str, path: str) -> None:
         self._records[monitor] = path

@@ -142,6 +142,18 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
     return out
 
 
+def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
+    """Fleet health's scores and alarms of one fit, from its fleet record (fleet_record.py)."""
+    from .fleet_record import mlflow_entries, read_fleet
+    meta, checks, alarms = read_fleet(store, fit_id)
+    if not meta:
+        return []
+    if up_to_attempt is not None:
+        checks = [c for c in checks if (c.get("attempt") or 0) <= up_to_attempt]
+        alarms = [a for a in alarms if (a.get("attempt") or 0) <= up_to_attempt]
+    return mlflow_entries(checks, alarms, int((meta.get("settings") or {}).get("mlflow_ranks", 64)))
+
+
 def _lines(store: RecordStore, path: str) -> Iterator[dict[str, Any]]:
     for raw in (store.read_bytes(path) or b"").split(b"\n"):
         try:
@@ -339,12 +351,16 @@ def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to
     if created:
         journal["run_id"] = run_id
         write_journal(store, journal)
-    expected = record_entries(records, journal["fit_id"], up_to_attempt) + loop_entries(journal)
+    expected = (record_entries(records, journal["fit_id"], up_to_attempt) + loop_entries(journal)
+                + fleet_entries(store, journal["fit_id"], up_to_attempt))
     todo = missing_entries(client, run_id, expected)
     send_entries(client, run_id, todo)
     artifacts, gone, closed = 0, [], None
     if finished:
         artifacts = upload_segments(client, run_id, records, journal["fit_id"])
+        from .fleet_record import fleet_folder
+        artifacts += upload_folder(client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]),
+                                   f"ormas/fleet/{journal['fit_id']}")
         if journal.get("checkpoints"):
             client.log_dict(run_id, journal["checkpoints"], "ray_ormas/checkpoints.json")
         n, gone = upload_checkpoints(client, run_id, journal, checkpoint_fs or store.filesystem)

@@ -129,6 +129,12 @@ class TrackingWriter:
         if kind == "metrics":                   # the first check: training has started
             self._training.set()
 
+    def fleet(self, entries: list[Entry]) -> None:
+        """Fleet health's scores and alarms of one check (fleet_record.mlflow_entries), at run steps."""
+        with self._lock:
+            if not self._closed:
+                self._add(entries)
+
     def attempt_started(self, attempt: int, offset: int) -> None:
         """Rank 0's main monitor of a new attempt starts at run step `offset`."""
         with self._lock:

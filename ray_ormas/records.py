@@ -4,7 +4,9 @@
     records.segments()                  # one Segment per monitor and attempt, oldest first, with its link
     records.events()                    # pyarrow.Table: one row per diary line
     records.metrics()                   # pyarrow.Table: one row per check
-    records.write_parquet("out/")       # out/events.parquet, out/metrics.parquet
+    records.fleet_checks()              # pyarrow.Table: one row per rank per check (fleet health)
+    records.fleet_alarms()              # pyarrow.Table: one row per fleet alarm
+    records.write_parquet("out/")       # out/events.parquet, out/metrics.parquet, out/fleet_*.parquet
     records.rebuild_reports("local/")   # each segment copied here, its HTML reports rebuilt, verified
 
 Both tables carry `monitor`, `segment`, `attempt`, `fit_id`, the segment's own `step` and
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .fleet_record import fleet_fits, read_fleet
 from .segments import diary_tail, read_link
 from .storage import RecordStorageError, RecordStore, segment_index
 
@@ -41,6 +44,18 @@ METRICS_SCHEMA = pa.schema([
     ("monitor", pa.string()), ("segment", pa.int32()), ("attempt", pa.int32()), ("fit_id", pa.string()),
     ("step", pa.int64()), ("run_step", pa.int64()), ("loss", pa.float64()),
     ("grad", pa.map_(pa.string(), pa.float64())), ("stuck", pa.map_(pa.string(), pa.list_(pa.int64()))),
+])
+FLEET_CHECKS_SCHEMA = pa.schema([
+    ("fit_id", pa.string()), ("attempt", pa.int32()), ("check", pa.int64()), ("step", pa.int64()),
+    ("run_step", pa.int64()), ("time", pa.float64()), ("rank", pa.int32()), ("node", pa.string()),
+    ("data_s", pa.float64()), ("forward_s", pa.float64()), ("wall_s", pa.float64()), ("loss", pa.float64()),
+    ("nonfinite", pa.bool_()), ("digest", pa.string()), ("relative_score", pa.float64()),
+    ("individual_score", pa.float64()), ("slow", pa.bool_()), ("slow_in", pa.string()),
+])
+FLEET_ALARMS_SCHEMA = pa.schema([
+    ("fit_id", pa.string()), ("attempt", pa.int32()), ("check", pa.int64()), ("step", pa.int64()),
+    ("run_step", pa.int64()), ("time", pa.float64()), ("kind", pa.string()), ("ranks", pa.list_(pa.int32())),
+    ("node", pa.string()), ("message", pa.string()), ("line", pa.string()),
 ])
 
 
@@ -131,13 +146,39 @@ class RunRecords:
                          "stuck": list((row.get("stuck") or {}).items())})
         return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 
+    def fleets(self) -> list[str]:
+        """The fit ids with a fleet record here (fleet health was on), oldest folder name first."""
+        return fleet_fits(self.store)
+
+    def fleet_checks(self) -> pa.Table:
+        """Fleet health, every fit: one row per rank per check (timings, loss, digest, scores)."""
+        rows = []
+        for fit_id in self.fleets():
+            for line in read_fleet(self.store, fit_id)[1]:
+                rows.append({**{k: line.get(k) for k in FLEET_CHECKS_SCHEMA.names}, "fit_id": fit_id})
+        return pa.Table.from_pylist(rows, schema=FLEET_CHECKS_SCHEMA)
+
+    def fleet_alarms(self) -> pa.Table:
+        """Fleet health, every fit: one row per alarm; `line` is the whole alarm as JSON."""
+        rows = []
+        for fit_id in self.fleets():
+            for line in read_fleet(self.store, fit_id)[2]:
+                rows.append({**{k: line.get(k) for k in FLEET_ALARMS_SCHEMA.names}, "fit_id": fit_id,
+                             "node": _str(line.get("node")), "line": json.dumps(line, sort_keys=True)})
+        return pa.Table.from_pylist(rows, schema=FLEET_ALARMS_SCHEMA)
+
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
-        """Write `events.parquet` and `metrics.parquet` into `out_dir` (a local folder)."""
+        """Write `events.parquet` and `metrics.parquet` into `out_dir` (a local folder), and
+        `fleet_checks.parquet` and `fleet_alarms.parquet` when there is a fleet record."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"events": out / "events.parquet", "metrics": out / "metrics.parquet"}
         pq.write_table(self.events(monitor), paths["events"])
         pq.write_table(self.metrics(monitor), paths["metrics"])
+        if self.fleets():
+            paths.update(fleet_checks=out / "fleet_checks.parquet", fleet_alarms=out / "fleet_alarms.parquet")
+            pq.write_table(self.fleet_checks(), paths["fleet_checks"])
+            pq.write_table(self.fleet_alarms(), paths["fleet_alarms"])
         return paths
 
     def rebuild_reports(self, out_dir: str | os.PathLike, monitor: str | None = None) -> list[SegmentReport]:

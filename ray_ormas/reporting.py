@@ -129,9 +129,11 @@ def rank_facts(prefix: str, rank: int, last_loss: torch.Tensor | float | None, m
 
 
 @torch.no_grad()
-def parameter_digest(model: nn.Module) -> str:
-    """A 16-hex-digit digest of every parameter's exact bits, computed on device, one host read."""
-    names, sums = [], []
+def parameter_checksums(model: nn.Module, *, gradient_flags: bool = False) -> tuple[list[str], list[torch.Tensor]]:
+    """Per parameter, its label (`name:shape:dtype`) and two int64 checksums of its raw bits
+    (plain and position-weighted), still on the parameter's device. Under FSDP2, this rank's shard.
+    `gradient_flags`: a third int64 per parameter, 0 when its gradient has a non-finite value."""
+    labels, sums = [], []
     for name, p in model.named_parameters():
         t = p.detach()
         if callable(getattr(t, "to_local", None)):     # FSDP2 (DTensor): this rank's shard
@@ -143,12 +145,49 @@ def parameter_digest(model: nn.Module) -> str:
             continue
         bits = t.view(_INT_OF_SIZE[t.element_size()]).to(torch.int64)
         weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64)
-        names.append(f"{name}:{tuple(p.shape)}:{p.dtype}")
-        sums.append(torch.stack([bits.sum(), (bits * weights).sum()]))
-    h = hashlib.sha256("|".join(names).encode())
-    by_device: dict[str, list[torch.Tensor]] = {}
-    for s in sums:                               # a model split across devices: one read per device
-        by_device.setdefault(str(s.device), []).append(s)
-    for dev in sorted(by_device):
-        h.update(torch.stack(by_device[dev]).cpu().numpy().tobytes())
+        labels.append(f"{name}:{tuple(p.shape)}:{p.dtype}")
+        row = [bits.sum(), (bits * weights).sum()]
+        if gradient_flags:
+            row.append(_finite_flag(p.grad, bits.device))
+        sums.append(torch.stack(row))
+    return labels, sums
+
+
+def _finite_flag(grad: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """1 (int64, on `device`) when `grad` is None or all finite, else 0. The norm is non-finite
+    exactly when some value is (or the norm overflows float32, which is as bad)."""
+    if grad is None:
+        return torch.ones((), dtype=torch.int64, device=device)
+    g = grad.to_local() if callable(getattr(grad, "to_local", None)) else grad
+    if g.layout != torch.strided:
+        g = g.coalesce().values() if g.layout == torch.sparse_coo else g.values()
+    return torch.isfinite(torch.linalg.vector_norm(g, dtype=torch.float32)).to(device=device, dtype=torch.int64)
+
+
+def digest_of(labels: list[str], sums: list[bytes]) -> str:
+    """The 16-hex-digit digest of parameters from their labels and their checksums' bytes."""
+    h = hashlib.sha256("|".join(labels).encode())
+    for s in sums:
+        h.update(s)
     return h.hexdigest()[:16]
+
+
+def read_per_device(values: list[torch.Tensor]) -> list[Any]:
+    """`values` (equal-shaped tensors, possibly on several devices) read to the host with one
+    transfer per device, in their order, as numpy arrays."""
+    by_device: dict[str, list[int]] = {}
+    for i, v in enumerate(values):
+        by_device.setdefault(str(v.device), []).append(i)
+    out: list[Any] = [None] * len(values)
+    for idx in by_device.values():
+        host = torch.stack([values[i] for i in idx]).cpu().numpy()
+        for i, row in zip(idx, host):
+            out[i] = row
+    return out
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """A 16-hex-digit digest of every parameter's exact bits, computed on device, one host read
+    per device."""
+    labels, sums = parameter_checksums(model)
+    return digest_of(labels, [row[:2].tobytes() for row in read_per_device(sums)])

@@ -45,8 +45,9 @@ def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
     return table
 
 
-def render(store: RecordStore, records: dict[str, str], mlflow: str | None) -> str:
-    """The summary of a finished fit: a layer table per monitor, then where everything is."""
+def render(store: RecordStore, records: dict[str, str], mlflow: str | None, fleet: Any = None) -> str:
+    """The summary of a finished fit: a layer table per monitor, the fleet's per-rank table
+    (a FleetSummary, when fleet health was on), then where everything is."""
     out = []
     for name, segment in records.items():
         table = layer_table(store, segment)
@@ -59,6 +60,12 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None) -> s
                        f"{r['stuck_at_end']:>12}  {r['status']}")
         out.append(f"  record: {store.shown(segment)}")
         out.append(f"  report: {store.shown(posixpath.join(segment, 'report.html'))}")
+    if fleet is not None:
+        out.append(f"fleet: {len(fleet.ranks)} ranks, {fleet.checks} checks, {len(fleet.alarms)} alarms")
+        out.append(fleet.table())
+        for a in fleet.alarms:
+            out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+        out.append(f"  fleet record: {fleet.record}")
     out.append(f"MLflow: {mlflow}" if mlflow else "MLflow: off")
     return "\n".join(out)
 

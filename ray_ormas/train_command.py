@@ -26,6 +26,7 @@ from typing import Any
 
 from .capacity import check_capacity, per_worker
 from .config import BatchSize
+from .fleet_config import FleetSettings
 from .failures import describe_failure
 from .job_config import ConfigError, JobConfig, load_config, load_target
 from .paths import StoragePathError, resolve_location
@@ -82,7 +83,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     mlflow = mlflow_line(run)
     say(f"finished in {time.monotonic() - started:.0f} s; final metrics: "
         f"{ {k: v for k, v in (result.metrics or {}).items() if not k.startswith('ormas/')} }")
-    print(render(run.store, run.records, mlflow), flush=True)
+    print(render(run.store, run.records, mlflow, run.fleet), flush=True)
     return 0
 
 
@@ -134,6 +135,10 @@ def build_trainer(job: JobConfig) -> Any:
                                     tags=dict(t.tags), run_id=t.run_id, request_timeout_s=t.request_timeout_s,
                                     log_checkpoints=t.log_checkpoints, checkpoint_metric=t.checkpoint_metric,
                                     checkpoint_mode=t.checkpoint_mode, max_pending=t.max_pending)
+    fleet: FleetSettings | bool = job.fleet.enabled
+    if job.fleet.enabled and job.fleet.model_fields_set - {"enabled"}:
+        with _named("fleet"):
+            fleet = FleetSettings(**job.fleet.model_dump(exclude={"enabled"}))
     with _named("scaling"):
         scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
                                 resources_per_worker=dict(job.scaling.resources_per_worker) or None)
@@ -150,7 +155,7 @@ def build_trainer(job: JobConfig) -> Any:
         layers=m.layers, verbose=m.verbose, progress=m.progress, report_every=m.report_every,
         sync_timeout_s=m.sync_timeout_s, record_dir=job.storage.record_dir, strategy=job.strategy,
         sync_batchnorm=job.sync_batchnorm, batch=BatchSize(**job.train.batch.model_dump()), mlflow=mlflow,
-        scaling_config=scaling, run_config=run_config)
+        fleet=fleet, scaling_config=scaling, run_config=run_config)
 
 
 class _named:

@@ -24,6 +24,7 @@ Hooks relied on (Ray Train V2):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
@@ -33,7 +34,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow.fs as pafs
 import ray
@@ -45,6 +46,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .capacity import check_capacity
 from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
                      check_strategy)
+from .fleet_config import FleetSettings
+from .fleet_head import HANG_ERROR, FleetSpec
+from .fleet_record import FleetSummary
 from .ledger import RunLedger
 from .ledger_callback import LedgerCallback
 from .mlflow_writer import TrackingOutcome, WriterSpec
@@ -79,6 +83,8 @@ class OrmasRun:
         tracking_uri: where that run is.
         mlflow_complete: the run holds everything the record holds (False after an outage that
             outlasted the fit; None when tracking is off).
+        fleet: fleet health (a `FleetSummary`: per-rank table, alarms, the fleet record's path);
+            None when it is off (`fleet=False`, or a single worker).
     """
 
     store: RecordStore
@@ -91,6 +97,7 @@ class OrmasRun:
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
     mlflow_complete: bool | None = None
+    fleet: FleetSummary | None = None
 
     def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
@@ -137,6 +144,10 @@ class RayOrmasTrainer:
             `ray_ormas.batch_size()`, the effective batch recorded.
         mlflow: True (default: track in MLflow with `MLflowSettings()`: `MLFLOW_TRACKING_URI`, else
             an embedded store in the run directory), an `MLflowSettings`, or False (no tracking).
+        fleet: True (default: fleet health with `FleetSettings()` when there is more than one
+            worker), a `FleetSettings`, or False: every rank's timings, loss, non-finite values and
+            parameter digest at every check, stragglers, divergence and non-finite values named
+            (docs/fleet-health.md).
         scaling_config, run_config, torch_config, datasets: as for `TorchTrainer`.
     """
 
@@ -155,6 +166,7 @@ class RayOrmasTrainer:
                  sync_batchnorm: bool = False,
                  batch: BatchSize | None = None,
                  mlflow: MLflowSettings | bool = True,
+                 fleet: FleetSettings | bool = True,
                  scaling_config: ScalingConfig | None = None,
                  run_config: RunConfig | None = None,
                  torch_config: TorchConfig | None = None,
@@ -213,6 +225,7 @@ class RayOrmasTrainer:
         self.mlflow: MLflowSettings | None = mlflow or None
         if self.mlflow is not None and self.mlflow.run_id is not None:
             check_run_exists(self.mlflow, self._run_dir())
+        self.fleet = _fleet_settings(fleet, workers, self.scaling_config.use_gpu)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
@@ -234,31 +247,40 @@ class RayOrmasTrainer:
                                  f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
         fit_id = uuid.uuid4().hex
         tracking = self._tracking_spec(fit_id)
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(self.scaling_config.num_workers, tracking)
+        workers = self.scaling_config.num_workers
+        fleet = None if self.fleet is None else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name,
+                                                          workers, self.strategy)
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
                           run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
-                          sync_batchnorm=self.sync_batchnorm, batch=self.batch)
+                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch)
         run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []),
                                                                      LedgerCallback(ledger, tracking is not None)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
                                train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
                                scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
         try:
-            result = trainer.fit()
+            with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
+                result = trainer.fit()
         except BaseException as e:
             _tell_where_the_record_is(ledger, self.store)
+            hang = _hang_error(e)
+            if hang is not None:
+                ledger.fleet_error.remote(hang)
+            _finish_fleet(ledger)
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
             interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
             self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
+            fleet_summary = _finish_fleet(ledger)
             outcome = self._finish_tracking(ledger, "FINISHED", None,
                                             result.checkpoint.path if result.checkpoint else None)
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
-        run = _ormas_run(snapshot, self.store)
+        run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary)
         if outcome is not None:
             run = dataclasses.replace(run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri,
                                       mlflow_complete=outcome.complete)
@@ -305,6 +327,60 @@ class RayOrmasTrainer:
                            shown(outcome.tracking_uri or s.tracking_uri or "MLflow"), outcome.error,
                            self.store.shown())
         return outcome
+
+
+def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | None:
+    """The fit's fleet settings, or None when fleet health is off (checked on the driver)."""
+    if fleet is True:
+        fleet = FleetSettings() if workers > 1 else None
+    elif fleet is False:
+        return None
+    elif not isinstance(fleet, FleetSettings):
+        raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
+    elif workers == 1:
+        logger.warning("[ray-ormas] fleet health compares the ranks with each other; with num_workers=1 there is "
+                       "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)")
+        return None
+    if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:
+        raise ValueError(f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
+                         f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)")
+    return fleet
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """Set `env` on the driver for the duration (Ray Train reads its feature flags there); a
+    variable the user already set is left as it is."""
+    added = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _hang_error(error: BaseException) -> str | None:
+    """'NCCLHangError: ...' when Ray's NCCL hang detector ended the fit, else None."""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e).__name__ == HANG_ERROR:
+            return f"{type(e).__name__}: {e}"[:2000]
+        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None)]
+    return None
+
+
+def _finish_fleet(ledger: Any) -> FleetSummary | None:
+    try:
+        return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
+    except Exception as e:          # the record stays as written; training is not affected
+        logger.warning("[ray-ormas] could not finish the fleet record (%s: %s)", type(e).__name__, e)
+        return None
 
 
 def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:

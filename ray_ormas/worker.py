@@ -50,6 +50,7 @@ from ormas_monitor.integrations._common import LossWindow
 
 from .compat import flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
+from .fleet_probe import RankProbe
 from .ledger import RANK_KEY, Arrival, meet
 from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
@@ -72,6 +73,7 @@ class WorkerPlan:
     fit_id: str
     ledger: Any
     tracked: bool = False                       # the ledger's MLflow writer takes rank 0's rows
+    fleet: bool = False                         # every rank sends fleet facts at every check
     sync_batchnorm: bool = False
     batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
 
@@ -156,6 +158,7 @@ class WorkerMonitor:
         self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
         self._last_loss: torch.Tensor | float | None = None
         self._window = LossWindow()         # micro-step losses of the current optimizer step
+        self._micro_steps = False
         self._closed = False
         self._report_path: Path | None = None
         self._upload_failed = False
@@ -185,6 +188,11 @@ class WorkerMonitor:
             raise
         if self.segment_path is not None:
             plan.ledger.set_record.remote(name, self.segment_path)
+        self._probe: RankProbe | None = None
+        if plan.fleet and self._primary:
+            if session.rank == 0:
+                plan.ledger.fleet_offset.remote(session.token, self.step_offset)
+            self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node())
 
     @property
     def steps(self) -> int:
@@ -196,22 +204,33 @@ class WorkerMonitor:
         by the accumulation steps). The next `step()` without a loss records the window's mean,
         the objective whose gradient the optimizer step applies. No host sync."""
         self._window.add(loss)
+        self._micro_steps = True
 
     def step(self, loss: torch.Tensor | float | None = None) -> None:
         """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`. With
         gradient accumulation, after the last micro-step's backward, without a loss."""
-        checks = self.monitor.checks
-        if loss is None:
-            loss = self._window.take(mean=True, keep_graph=self.monitor.step_count == 0)
-        else:
-            self._window.take(mean=True)
-        self.monitor.step(loss)
+        monitor, probe = self.monitor, self._probe
+        checks = monitor.checks
+        if self._micro_steps:
+            self._micro_steps = False
+            taken = self._window.take(mean=True, keep_graph=monitor.step_count == 0)
+            loss = taken if loss is None else loss
+        if probe is not None and probe.armed:
+            probe.step_called()
+        monitor.step(loss)
         if loss is not None:
-            self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
-        if self.monitor.checks == checks:
+            self._last_loss = loss
+        if monitor.checks == checks:
+            if probe is not None and monitor.step_count % monitor.check_every == 0:
+                probe.arm()                     # the next step is sampled
             return                              # an unsampled step: nothing more to do
+        if probe is not None:
+            step = monitor.step_count - 1
+            probe.checked(monitor.checks - 1, step, loss)
+            if monitor.step_count % monitor.check_every == 0:
+                probe.arm()
         if self.record_dir is not None:
-            flush_metrics(self.monitor)         # the row is on disk before the next step can crash
+            flush_metrics(monitor)              # the row is on disk before the next step can crash
         every = self._session.plan.settings.report_every
         if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)
@@ -304,8 +323,15 @@ class WorkerSession:
         from ray.train.collective import broadcast_from_rank_zero
         self.token: str = broadcast_from_rank_zero(uuid.uuid4().hex if self.rank == 0 else None)
         self.attempt = ray.get(plan.ledger.begin_attempt.remote(self.token), timeout=60) if self.rank == 0 else 0
+        self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
+
+    def node(self) -> str:
+        """This worker's node IP address (read once)."""
+        if self._node is None:
+            self._node = ray.util.get_node_ip_address()
+        return self._node
 
     def resumed_from(self) -> dict[str, Any] | None:
         """The checkpoint this attempt starts from (`ray.train.get_checkpoint()`) and the record

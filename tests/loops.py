@@ -29,6 +29,11 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     explode_at (from that step on the loss is multiplied by 10^4: exploding-gradient alarms),
     unreachable_port (every rank refuses connections to 127.0.0.1 at that port, e.g. the tracking
     server's, and checks that it cannot reach it).
+
+    Fleet health: slow_rank / slow_from / slow_s (that rank sleeps in its data loading from that
+    step on), nudge_rank / nudge_at (that rank changes conv2's weights outside DDP after that step's
+    update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
+    rank raises Ray's NCCLHangError, as the hang detector would end the group).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -59,14 +64,25 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         if marker and step == 5 and rank == 0 and not os.path.exists(marker):
             open(marker, "w").close()                   # only the first attempt fails
             raise RuntimeError("injected failure")
+        if rank == config.get("hang_rank") and step == config.get("hang_at"):
+            from ray.train import NCCLHangError
+            raise NCCLHangError(f"rank {rank} stuck in all_reduce (injected)", {})
+        if rank == config.get("slow_rank") and step >= config.get("slow_from", 0):
+            import time
+            time.sleep(config["slow_s"])                   # a slow data loader on this rank only
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         if step >= config.get("explode_at", 1 << 30):
             loss = loss * 1e4                               # gradients 10^4 x their baseline: alarms
+        if rank == config.get("nan_rank") and step == config.get("nan_at"):
+            loss = loss * float("nan")
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
         opt.step()
+        if rank == config.get("nudge_rank") and step == config.get("nudge_at"):
+            with torch.no_grad():
+                net.conv2[0].weight.add_(1e-3)              # outside DDP: the replicas now differ
         if step + 1 in config.get("report_at", []):
             checkpoint = None
             if config.get("checkpoint"):
@@ -76,7 +92,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
                     torch.save(model.state_dict(), f"{d}/model.pt")
                 checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
             ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
-    out: dict[str, Any] = {"model_type": type(model).__name__,
+    out: dict[str, Any] = {"model_type": type(model).__name__, "fleet_probe": mon._probe is not None,
                            "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
                            "conv3_abs": float(net.conv3[0].weight.detach().abs().sum())}
     if config.get("close_in_loop"):

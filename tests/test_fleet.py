@@ -1,0 +1,267 @@
+"""Fleet health on a real local Ray cluster (gloo, CPU): every rank watched at every check.
+
+Each scenario injects one fault on one rank (tests/loops.py) and checks that the head names it:
+in `result.ormas.fleet`, the fleet record (read back with open_records, as Arrow), MLflow and
+Ray's metrics. The analysis itself is also checked without Ray, on hand-made facts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from ray.train import RunConfig, ScalingConfig, TrainingFailedError
+
+import ray_ormas
+from ray_ormas import FleetSettings, RayOrmasTrainer
+from ray_ormas.fleet import FleetAnalyzer, _median_without
+from ray_ormas.fleet_metrics import EXPORTED
+
+from .loops import digits_loop
+
+CHECK_EVERY = 5
+
+
+def fit(storage: Path, name: str, **config) -> ray_ormas.RayOrmasResult:
+    kwargs = {k: config.pop(k) for k in ("fleet", "mlflow") if k in config}
+    trainer = RayOrmasTrainer(digits_loop, check_every=CHECK_EVERY, verbose=False, train_loop_config=config,
+                              scaling_config=ScalingConfig(num_workers=2),
+                              run_config=RunConfig(name=name, storage_path=str(storage)), **kwargs)
+    return trainer.fit()
+
+
+def alarms(result, kind: str) -> list[dict]:
+    return [a for a in result.ormas.fleet.alarms if a["kind"] == kind]
+
+
+# ------------------------------------------------------------------ on the cluster
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
+    slow_from = 20                          # a sampled step: checks at 0, 5, 10, ...
+    result = fit(storage, "slow", steps=60, slow_rank=1, slow_from=slow_from, slow_s=0.03)
+    fleet = result.ormas.fleet
+    [alarm] = alarms(result, "straggler")
+    assert alarm["ranks"] == [1] and alarm["slow_in"] == "data"
+    assert slow_from <= alarm["step"] <= slow_from + 2 * CHECK_EVERY, alarm     # the 1st, 2nd or 3rd slow check
+    assert alarm["node"] == fleet.ranks[1]["node"] and "rank 1 on node" in alarm["message"]
+    assert "data loading" in alarm["message"]
+    assert fleet.ranks[1]["lowest_score"] < 0.5 <= fleet.ranks[0]["lowest_score"]
+    assert fleet.ranks[1]["data_ms"] > 20 > fleet.ranks[0]["data_ms"]
+    assert fleet.checks == 60 // CHECK_EVERY and "rank  node" in fleet.table()
+
+    # The fleet record, read back as a user would: every rank at every check, the alarm.
+    records = ray_ormas.open_records(storage / "slow")
+    checks, table = records.fleet_checks(), records.fleet_alarms()
+    assert checks.num_rows == 2 * fleet.checks
+    assert sorted(set(checks.column("rank").to_pylist())) == [0, 1]
+    assert table.column("kind").to_pylist() == ["straggler"] and table.column("ranks").to_pylist() == [[1]]
+    paths = records.write_parquet(storage / "parquet")
+    assert paths["fleet_checks"].is_file() and paths["fleet_alarms"].is_file()
+
+    # MLflow (the default embedded store): per-rank scores and the alarm, at run steps.
+    client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'slow' / 'mlflow' / 'mlflow.db'}")
+    run_id = result.ormas.mlflow_run_id
+    scores = {m.step: m.value for m in client.get_metric_history(run_id, "fleet/rank_1/score")}
+    assert min(scores.values()) < 0.5 and max(scores) == 55
+    [logged] = client.get_metric_history(run_id, "fleet/alarms/straggler")
+    assert logged.step == alarm["run_step"]
+    assert client.get_metric_history(run_id, "fleet/loss_mean")
+
+    # Ray's own metrics, as Prometheus scrapes them from the head node's metrics agent.
+    import ray
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    text, deadline = "", time.monotonic() + 60
+    while EXPORTED["ormas_fleet_alarms"] not in text and time.monotonic() < deadline:
+        time.sleep(2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for name in EXPORTED.values():
+        assert name in text, f"{name} is not among Ray's exported metrics"
+    assert 'kind="straggler"' in text and 'run="slow"' in text
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_healthy_digits_run_raises_no_fleet_alarm(storage):
+    result = fit(storage, "healthy", steps=60, mlflow=False)
+    fleet = result.ormas.fleet
+    assert fleet.alarms == [] and fleet.checks == 12
+    assert [r["rank"] for r in fleet.ranks] == [0, 1] and all(r["nonfinite_checks"] == 0 for r in fleet.ranks)
+    digests = ray_ormas.open_records(storage / "healthy").fleet_checks().to_pydict()["digest"]
+    assert len(set(digests)) > 1                        # the parameters change between checks ...
+    by_check: dict = {}
+    for row in ray_ormas.open_records(storage / "healthy").fleet_checks().to_pylist():
+        by_check.setdefault(row["check"], set()).add(row["digest"])
+    assert all(len(d) == 1 for d in by_check.values())  # ... identically on both replicas
+    assert fleet.loss_mean is not None and fleet.loss_rank0 is not None
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(storage):
+    result = fit(storage, "diverged", steps=40, nudge_rank=1, nudge_at=22, mlflow=False)
+    [alarm] = alarms(result, "divergence")
+    assert alarm["ranks"] == [1] and alarm["step"] == 25         # the first check after step 22
+    assert alarm["layer"] == "conv2.0"                           # the first layer that differs
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(storage):
+    result = fit(storage, "nan", steps=30, nan_rank=1, nan_at=15, mlflow=False)
+    [alarm] = alarms(result, "nonfinite")
+    assert alarm["ranks"] == [1] and alarm["step"] == 15 and alarm["source"] == "loss"
+    assert alarm["layer"] == "conv1.0" and "non-finite loss on rank(s) [1] at step 15" in alarm["message"]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_a_hang_error_lands_in_the_fleet_record(storage):
+    # Ray's NCCL hang detector needs NCCL (GPUs); on CPU the loop raises the same error class.
+    with pytest.raises(TrainingFailedError):
+        fit(storage, "hang", steps=20, hang_rank=1, hang_at=7, mlflow=False)
+    alarms = ray_ormas.open_records(storage / "hang").fleet_alarms().to_pylist()
+    assert [(a["kind"], a["ranks"]) for a in alarms] == [("nccl_hang", [1])]
+    assert "NCCLHangError" in alarms[0]["message"]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(300)
+def test_with_fleet_health_off_nothing_of_it_runs(storage):
+    result = fit(storage, "off", steps=12, fleet=False)
+    assert result.ormas.fleet is None
+    assert result.return_value["fleet_probe"] is False          # no probe, no hooks, no facts sent
+    assert not (storage / "off" / "ormas" / "fleet").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'off' / 'mlflow' / 'mlflow.db'}")
+    assert not [k for k in client.get_run(result.ormas.mlflow_run_id).data.metrics if k.startswith("fleet/")]
+
+
+# ------------------------------------------------------------------ on the driver, before anything starts
+@pytest.mark.parametrize("options, words", [
+    ({"slow_score": 1.5}, "slow_score must be a number between 0 and 1"),
+    ({"slow_score": 0}, "slow_score must be a number between 0 and 1"),
+    ({"slow_checks": 2.5}, "slow_checks must be an int >= 1"),
+    ({"slow_checks": 0}, "slow_checks must be an int >= 1"),
+    ({"min_excess": -0.1}, "min_excess must be a number in [0, 1)"),
+    ({"mlflow_ranks": -1}, "mlflow_ranks must be an int >= 0"),
+    ({"nccl_hang_detector": "on"}, "nccl_hang_detector must be one of"),
+    ({"nccl_hang_confirm_s": 0}, "nccl_hang_confirm_s must be None or a number of seconds > 0"),
+])
+def test_bad_fleet_options_are_refused(options, words):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        FleetSettings(**options)
+
+
+def test_fleet_options_are_checked_by_the_trainer_on_the_driver(caplog):
+    with pytest.raises(TypeError, match="fleet must be True, False or a ray_ormas.FleetSettings"):
+        RayOrmasTrainer(digits_loop, fleet="yes", scaling_config=ScalingConfig(num_workers=2))
+    with pytest.raises(ValueError, match="only GPU workers have: set ScalingConfig"):
+        RayOrmasTrainer(digits_loop, fleet=FleetSettings(nccl_hang_detector="fail"),
+                        scaling_config=ScalingConfig(num_workers=2))
+    with caplog.at_level(logging.WARNING, logger="ray_ormas"):
+        t = RayOrmasTrainer(digits_loop, fleet=FleetSettings(slow_checks=5), scaling_config=ScalingConfig(num_workers=1))
+    assert t.fleet is None and "with num_workers=1 there is nothing to compare" in caplog.text
+    assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=1)).fleet is None
+    assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=3)).fleet == FleetSettings()
+
+
+def test_the_hang_detector_switch_sets_rays_variables():
+    assert FleetSettings().hang_detector_env() == {}
+    assert FleetSettings(nccl_hang_detector="fail", nccl_hang_confirm_s=120).hang_detector_env() == {
+        "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR": "1", "RAY_TRAIN_NCCL_RAS_ACTION": "fail",
+        "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": "120"}
+
+
+# ------------------------------------------------------------------ the analysis, without Ray
+def facts(rank: int, check: int, data: float = 0.001, forward: float = 0.002, digest: str = "d", loss: float = 1.0,
+          **extra) -> dict:
+    return {"rank": rank, "node": f"10.0.0.{rank}", "check": check, "step": check * 10, "data_s": data,
+            "forward_s": forward, "wall_s": 0.01 + data, "loss": loss, "nonfinite_loss": loss != loss,
+            "nonfinite_layers": [], "digest": digest, "groups": [digest] * 3, **extra}
+
+
+def feed(analyzer: FleetAnalyzer, per_check: list[list[dict]]) -> list[dict]:
+    out = []
+    for check in per_check:
+        for f in check:
+            outcome = analyzer.add(0, f)
+        out += outcome.alarms
+    return out
+
+
+def test_compute_straggler_among_eight_ranks_is_named_after_n_checks():
+    analyzer = FleetAnalyzer(FleetSettings(slow_checks=4), world=8, compare_digests=True)
+    checks = [[facts(r, c, forward=0.02 if (r == 5 and c >= 3) else 0.002) for r in range(8)] for c in range(10)]
+    [alarm] = feed(analyzer, checks[:7])
+    assert alarm["kind"] == "straggler" and alarm["ranks"] == [5] and alarm["slow_in"] == "compute"
+    assert alarm["check"] == 6 and alarm["node"] == "10.0.0.5"
+    recovered = feed(analyzer, [[facts(r, 7) for r in range(8)]])
+    assert [a["kind"] for a in recovered] == ["straggler_recovered"]
+
+
+def test_noise_below_min_excess_never_alarms():
+    analyzer = FleetAnalyzer(FleetSettings(), world=4, compare_digests=True)
+    # rank 2's forward is 3x the others', but 40 us against a 10 ms step: noise, not a straggler.
+    checks = [[facts(r, c, forward=0.00006 if r == 2 else 0.00002) for r in range(4)] for c in range(20)]
+    assert feed(analyzer, checks) == []
+
+
+def test_divergence_names_the_minority_and_the_first_differing_group():
+    analyzer = FleetAnalyzer(FleetSettings(), world=4, compare_digests=True)
+    names = [["conv1.weight", "conv1.weight"], ["conv2.weight", "conv2.weight"], ["head.weight", "head.bias"]]
+    first = [facts(r, 0, group_names=names) for r in range(4)]
+    second = [facts(r, 1) for r in range(4)]
+    second[3] = facts(3, 1, digest="x", groups=["d", "x", "x"])
+    [alarm] = feed(analyzer, [first, second])
+    assert alarm["kind"] == "divergence" and alarm["ranks"] == [3] and alarm["layer"] == "conv2"
+    # The same episode does not alarm twice; agreement again is said once.
+    third = [facts(r, 2) for r in range(4)]
+    third[3] = facts(3, 2, digest="x", groups=["d", "x", "x"])
+    assert feed(analyzer, [third]) == []
+    assert [a["kind"] for a in feed(analyzer, [[facts(r, 3) for r in range(4)]])] == ["divergence_resolved"]
+    # FSDP: shards differ by design, nothing is compared.
+    fsdp = FleetAnalyzer(FleetSettings(), world=2, compare_digests=False)
+    assert feed(fsdp, [[facts(0, 0, digest="a"), facts(1, 0, digest="b")]]) == []
+
+
+def test_nonfinite_gradients_on_every_rank_are_said_as_such():
+    analyzer = FleetAnalyzer(FleetSettings(), world=2, compare_digests=True)
+    [alarm] = feed(analyzer, [[facts(r, 0, nonfinite_layers=["fc2"]) for r in range(2)]])
+    assert alarm["source"] == "gradients" and alarm["ranks"] == [0, 1] and "(every rank)" in alarm["message"]
+
+
+def test_a_check_missing_a_rank_is_dropped_not_kept_forever():
+    analyzer = FleetAnalyzer(FleetSettings(), world=2, compare_digests=True)
+    for c in range(20):
+        assert analyzer.add(0, facts(0, c)) is None
+    assert analyzer.dropped_checks > 0 and len(analyzer._pending) <= 9
+
+
+@pytest.mark.parametrize("values", [[1.0], [1.0, 2.0], [1.0, 2.0, 3.0], [1.0, 2.0, 2.0, 5.0, 9.0]])
+def test_median_without_one_value(values):
+    import statistics
+    for v in values:
+        rest = list(values)
+        rest.remove(v)
+        assert _median_without(sorted(values), v) == (statistics.median(rest) if rest else v)
+
+
+def test_yaml_fleet_section(tmp_path):
+    from ray_ormas.job_config import ConfigError, load_config
+    from ray_ormas.train_command import build_trainer
+    config = Path(__file__).resolve().parent.parent / "examples" / "digits_watch.yaml"
+    job = load_config(config, ["fleet.slow_checks=5", "scaling.workers=2", f"storage.path={tmp_path}"])
+    assert build_trainer(job).fleet == FleetSettings(slow_checks=5)
+    assert build_trainer(load_config(config, ["fleet.enabled=false", f"storage.path={tmp_path}"])).fleet is None
+    with pytest.raises(ConfigError, match="fleet.slow_checks"):
+        load_config(config, ["fleet.slow_checks=2.5"])
+    with pytest.raises(ConfigError, match="fleet.slow_score"):
+        load_config(config, ["fleet.slow_score=1.2"])
+    with pytest.raises(ValueError, match="nccl_hang_detector='fail' watches NCCL"):
+        build_trainer(load_config(config, ["fleet.nccl_hang_detector=fail", "scaling.workers=2",
+                                           f"storage.path={tmp_path}"]))
+    assert json.dumps(FleetSettings().to_dict())
