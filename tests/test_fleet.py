@@ -265,3 +265,14 @@ def test_yaml_fleet_section(tmp_path):
         build_trainer(load_config(config, ["fleet.nccl_hang_detector=fail", "scaling.workers=2",
                                            f"storage.path={tmp_path}"]))
     assert json.dumps(FleetSettings().to_dict())
+
+
+def test_the_grafana_dashboard_shows_the_exported_metrics():
+    import re
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "ray-ormas-fleet.json")
+                           .read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"ray_ormas_fleet_\w+", e)}
+    assert used == set(EXPORTED.values())
+    assert all('run=~"$run"' in e for e in exprs)
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run"}

@@ -157,7 +157,7 @@ def test_the_s3_and_cpu_variants():
     cpu = render(K8S / "overlays/cpu")
     assert "nvidia.com/gpu" not in json.dumps(cpu)
     (rayjob,) = by_kind(cpu, "RayJob")
-    assert rayjob["spec"]["entrypoint"].endswith("--set scaling.use_gpu=false")
+    assert rayjob["spec"]["entrypoint"].endswith("--set scaling.use_gpu=false --set fleet.nccl_hang_detector=off")
     (runs,) = [o for o in cpu if o["metadata"]["name"] == "ray-ormas-runs"]
     assert runs["spec"]["accessModes"] == ["ReadWriteOnce"]
     (pvc,) = [o for o in render(K8S / "rayjob") if o["metadata"]["name"] == "ray-ormas-runs"]
@@ -187,6 +187,7 @@ def test_the_gpu_rayjob_entrypoint_and_config_are_valid(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "use_gpu: true" in done.stdout and f"path: {tmp_path / 'runs'}" in done.stdout
+    assert "nccl_hang_detector: fail" in done.stdout        # the GPU manifests carry the hang detector's switch
 
 
 @pytest.mark.timeout(300)
