@@ -187,36 +187,43 @@ def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, 
     from ray.train import RunConfig, ScalingConfig
 
     from ray_ormas import RayOrmasTrainer
-    return RayOrmasTrainer(
+    result = RayOrmasTrainer(
         paired_loop, train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
-        verbose=False, scaling_config=_scaling(args, workers),
-        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit().return_value
+        verbose=False, fleet=args.fleet == "on", scaling_config=_scaling(args, workers),
+        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit()
+    fleet = result.ormas.fleet
+    return {**result.return_value, "head_ms": fleet.head_ms_per_check if fleet is not None else None}
 
 
 def run_paired(args: argparse.Namespace) -> None:
     print(f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
-          f"{args.check_every}, {args.workers} workers, {args.repeats} runs per model\n")
+          f"{args.check_every}, {args.workers} workers, fleet health {args.fleet}, {args.repeats} runs per model\n")
     print(f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
-          f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21}")
+          f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21} "
+          f"{'head ms/check':>13}")
     for model in args.models:
         for rep in range(args.repeats):
-            r = paired_row(fit_paired(args, model, args.workers), args.check_every)
+            out = fit_paired(args, model, args.workers)
+            r = paired_row(out, args.check_every)
+            head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
             print(f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
                   f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
-                  f"{r['off_check_us']:>21.1f}", flush=True)
+                  f"{r['off_check_us']:>21.1f} {head:>13}", flush=True)
 
 
 def run_scaling(args: argparse.Namespace) -> None:
     print(f"\nscaling: the paired measurement, one run per point, check_every={args.check_every}; "
           f"{os.cpu_count()} CPUs (more workers than CPUs time-share: read the check cost)\n")
     print(f"{'model':<7} {'params':>8} {'workers':>7} {'plain ms':>9} {'check ms':>9} {'off-check us':>12} "
-          f"{'median ratio':>12}")
+          f"{'median ratio':>12} {'head ms/check':>13}")
     for model in args.models:
         params = sum(p.numel() for p in make_model(model).parameters())
         for workers in args.world_sizes:
-            r = paired_row(fit_paired(args, model, workers), args.check_every)
+            out = fit_paired(args, model, workers)
+            r = paired_row(out, args.check_every)
+            head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
             print(f"{model:<7} {params:>8,} {workers:>7} {r['plain_ms']:>9.2f} {r['check_ms']:>9.2f} "
-                  f"{r['off_check_us']:>12.1f} {r['ratio']:>12.3f}", flush=True)
+                  f"{r['off_check_us']:>12.1f} {r['ratio']:>12.3f} {head:>13}", flush=True)
 
 
 def _loop_config(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
@@ -317,6 +324,8 @@ def main() -> None:
     p.add_argument("--paired", action="store_true", help="only the paired measurement (monitored vs plain replica)")
     p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--fleet", choices=("on", "off"), default="on",
+                   help="fleet health in the paired and scaling runs (on: the default with more than one worker)")
     args = p.parse_args()
 
     import ray
