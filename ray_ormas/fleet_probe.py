@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from .reporting import digest_of, parameter_checksums, read_per_device
 
@@ -44,7 +45,7 @@ class RankProbe:
 
     def __init__(self, model: nn.Module, ledger: Any, token: str, rank: int, node: str) -> None:
         self._outer = model
-        self._inner = model.module if isinstance(getattr(model, "module", None), nn.Module) else model
+        self._inner = model.module if isinstance(model, DistributedDataParallel) else model
         self._ledger = ledger
         self._token = token
         self._rank = rank
