@@ -194,6 +194,16 @@ class FleetSection(Section):
     nccl_hang_confirm_s: float | None = Field(None, gt=0, description="seconds a hang lasts before Ray confirms it "
                                                                       "(null: Ray's default, 600)")
 
+    @field_validator("nccl_hang_detector", mode="before")
+    @classmethod
+    def _yaml_off_is_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false and `on` as true.
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("`on` is not a mode: use `observe` (log a hang) or `fail` (end the group)")
+        return value
+
 
 class StorageSection(Section):
     path: str = Field("~/ray_results", description="run storage (`RunConfig.storage_path`): a local or shared "

@@ -256,7 +256,23 @@ def close_run(client: Any, journal: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------ artifacts
 def _artifact_files(client: Any, run_id: str, path: str) -> dict[str, int | None]:
-    return {posixpath.basename(f.path): f.file_size for f in client.list_artifacts(run_id, path) if not f.is_dir}
+    """The run's files under `path`, at any depth, by their path relative to `path`."""
+    files: dict[str, int | None] = {}
+    for f in client.list_artifacts(run_id, path):
+        if f.is_dir:
+            files.update({posixpath.join(posixpath.basename(f.path), k): v
+                          for k, v in _artifact_files(client, run_id, f.path).items()})
+        else:
+            files[posixpath.basename(f.path)] = f.file_size
+    return files
+
+
+def _uploaded(have: dict[str, int | None], name: str, size: int | None) -> bool:
+    """Whether the run holds `name` with `size` bytes. The tracking server lists an empty file's
+    size as None."""
+    if name not in have:
+        return False
+    return have[name] == size or (have[name] is None and size == 0)
 
 
 def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, artifact_path: str) -> int:
@@ -266,7 +282,7 @@ def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, ar
     have = _artifact_files(client, run_id, artifact_path)
     infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
     todo = [i for i in infos if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")
-            and have.get(posixpath.relpath(i.path, folder)) != i.size]
+            and not _uploaded(have, posixpath.relpath(i.path, folder), i.size)]
     if not todo:
         return 0
     local = isinstance(fs, pafs.LocalFileSystem)

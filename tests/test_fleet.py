@@ -264,6 +264,11 @@ def test_yaml_fleet_section(tmp_path):
     with pytest.raises(ValueError, match="nccl_hang_detector='fail' watches NCCL"):
         build_trainer(load_config(config, ["fleet.nccl_hang_detector=fail", "scaling.workers=2",
                                            f"storage.path={tmp_path}"]))
+    # YAML reads a bare `off` as false: it still means "off"; `on` is no mode.
+    off = load_config(config, ["fleet.nccl_hang_detector=off", f"storage.path={tmp_path}"])
+    assert build_trainer(off).fleet.nccl_hang_detector == "off"
+    with pytest.raises(ConfigError, match="use `observe`"):
+        load_config(config, ["fleet.nccl_hang_detector=on"])
     assert json.dumps(FleetSettings().to_dict())
 
 

@@ -238,6 +238,23 @@ def test_the_checkpoint_policy_picks_none_last_best_or_all():
     assert paths(log_checkpoints="best", checkpoint_mode="max") == ["/c4"]
 
 
+def test_a_folder_is_uploaded_once_with_empty_and_nested_files(server, tmp_path):
+    """The server lists an empty file's size as None; a checkpoint can hold subfolders."""
+    import pyarrow.fs as pafs
+
+    from ray_ormas.mlflow_sync import upload_folder
+    (tmp_path / "ck" / "model" / "shards").mkdir(parents=True)
+    (tmp_path / "ck" / "alarms.jsonl").write_text("")
+    (tmp_path / "ck" / "model" / "shards" / "0.pt").write_bytes(b"weights")
+    client = MlflowClient(server)
+    run_id = client.create_run(client.create_experiment(f"upload-{time.time_ns()}")).info.run_id
+    fs = pafs.LocalFileSystem()
+    assert upload_folder(client, run_id, fs, str(tmp_path / "ck"), "checkpoints/ck") == 2
+    assert upload_folder(client, run_id, fs, str(tmp_path / "ck"), "checkpoints/ck") == 0
+    (tmp_path / "ck" / "alarms.jsonl").write_text("{}\n")
+    assert upload_folder(client, run_id, fs, str(tmp_path / "ck"), "checkpoints/ck") == 1
+
+
 # ---------------------------------------------------------------------------- MLflow equals the record
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
