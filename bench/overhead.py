@@ -184,7 +184,7 @@ def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
 
 
 def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, Any]:
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import RunConfig
 
     from ray_ormas import RayOrmasTrainer
     result = RayOrmasTrainer(

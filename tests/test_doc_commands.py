@@ -28,7 +28,6 @@ daemons that appear during a command and outlive it are killed by pid, and the t
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import secrets
@@ -51,7 +50,8 @@ from .doc_commands import ROOT, DocCommand, harvest, snippets
 
 COMMANDS = harvest()
 README_DEMO, README_TESTS = [c for c in COMMANDS if c.doc == "README.md" and c.block is not None][:2]
-K8S_VARIANTS = ["k8s/rayjob", "k8s/raycluster", "k8s/overlays/s3", "k8s/overlays/cpu"]
+K8S_VARIANTS = ["k8s/rayjob", "k8s/raycluster", "k8s/overlays/s3", "k8s/overlays/cpu", "k8s/overlays/kueue",
+                "k8s/overlays/nccl-tcp"]
 SHORT_TRAIN = " --set train.epochs=1"
 SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 1 2"
 RAY_DAEMONS = ("raylet", "gcs_server")
@@ -334,23 +334,19 @@ def closest_help(clone: Clone, command: DocCommand) -> None:
     assert not missing, f"{' '.join(prefix)} --help does not know {missing}"
 
 
-@functools.lru_cache(maxsize=None)
-def rendered(variant: str) -> tuple[dict[str, Any], ...]:
-    out = subprocess.run(["kubectl", "kustomize", str(ROOT / variant)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    return tuple(o for o in yaml.safe_load_all(out.stdout) if o)
+def rendered(variant: str) -> list[dict[str, Any]]:
+    from .test_k8s import render
+    return render(ROOT / variant)
 
 
-def validate(objects: tuple[dict[str, Any], ...]) -> None:
-    import jsonschema
+def validate(objects: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
-    from .test_k8s import KUBERNETES_VERSION, crd_schema
+    from .test_k8s import KUBERNETES_VERSION, validation_errors
     for obj in objects:
         if obj["apiVersion"] == "ray.io/v1":
-            errors = list(jsonschema.Draft7Validator(crd_schema(obj["kind"])).iter_errors(obj))
-            assert not errors, [e.message for e in errors[:5]]
+            errors = validation_errors(obj)
+            assert not errors, errors[:5]
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 

@@ -106,7 +106,7 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
         logs = ray_cli("job", "logs", "--address", address, sid, env=env).stdout
         assert f"job '{sid}' succeeded" in status, logs[-5000:]
 
-        assert f"connecting to the Ray cluster at" in logs
+        assert "connecting to the Ray cluster at" in logs
         assert "[ray-ormas] model step      0" in logs and "repaired   96 ch" in logs     # progress lines
         assert "conv2.0       0         32        32             0  repaired" in logs     # the summary
         record = storage / "digits-repair" / "ormas" / "model" / "segment-000"

@@ -1,8 +1,10 @@
-"""The KubeRay manifests in k8s/: every variant renders (tests/kustomize.py), every RayJob and
-RayCluster validates against the KubeRay CRD schemas with unknown fields rejected, every core
-object against Kubernetes' own schemas (kubernetes-validate, strict), the policies hold (token
-auth, pinned images, no hostPath, non-root, GPU worker group), and the RayJob's entrypoint with
-the ConfigMap's config runs for real against the session's local Ray cluster (CPU)."""
+"""The KubeRay manifests in k8s/: every variant is rendered by real kustomize (`kubectl
+kustomize`, as `kubectl apply -k` renders it); every RayJob and RayCluster validates against the
+KubeRay CRD schemas with unknown fields rejected and their CEL rules (`x-kubernetes-validations`)
+evaluated, every core object against Kubernetes' own schemas (kubernetes-validate, strict); the
+policies hold (token auth, pinned images, no hostPath, non-root, GPU worker group, the operator's
+rules for deletion rules and suspended jobs); and the RayJob's entrypoint with the ConfigMap's
+config runs for real against the session's local Ray cluster (CPU)."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import cel
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -21,23 +24,42 @@ import yaml
 from ormas_monitor.record import verify_run
 
 from .conftest import ROOT
-from .kustomize import render
 
 K8S = ROOT / "k8s"
 CRDS = ROOT / "tests" / "data" / "kuberay-crds"
-VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/cpu"]
+VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/cpu", "overlays/kueue", "overlays/nccl-tcp"]
+GPU_VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/kueue", "overlays/nccl-tcp"]
 KUBERNETES_VERSION = "1.33.0"
 RAY_VERSION = "2.60.0"
 
 
 @functools.lru_cache(maxsize=None)
-def crd_schema(kind: str) -> dict[str, Any]:
-    """The CRD's v1 openAPIV3Schema as a JSON schema that rejects unknown fields (like the API
-    server's strict field validation)."""
+def _rendered(directory: str) -> str:
+    done = subprocess.run(["kubectl", "kustomize", directory], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
+    return done.stdout
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """What `kubectl apply -k DIRECTORY` would apply, rendered by kubectl's own kustomize (a
+    fresh copy on every call: tests may change it)."""
+    return [o for o in yaml.safe_load_all(_rendered(str(directory))) if o]
+
+
+@functools.lru_cache(maxsize=None)
+def crd_version_schema(kind: str) -> dict[str, Any]:
+    """The CRD's v1 openAPIV3Schema, as KubeRay ships it."""
     path = CRDS / {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}[kind]
     crd = yaml.safe_load(path.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    return version["schema"]["openAPIV3Schema"]
+
+
+@functools.lru_cache(maxsize=None)
+def crd_schema(kind: str) -> dict[str, Any]:
+    """The CRD's schema as a JSON schema that rejects unknown fields (like the API server's
+    strict field validation)."""
+    return strict(copy.deepcopy(crd_version_schema(kind)))
 
 
 def strict(node: Any) -> Any:
@@ -54,6 +76,31 @@ def strict(node: Any) -> Any:
         for value in node:
             strict(value)
     return node
+
+
+def cel_violations(schema: dict[str, Any], node: Any, path: str = "") -> list[str]:
+    """The messages of the CRD's CEL rules (`x-kubernetes-validations`) that `node` breaks, as
+    the API server evaluates them on create: every rule where its field is present; transition
+    rules (those that read `oldSelf`) only apply to updates and are skipped."""
+    broken = [f"{path or '.'}: {rule['message']}" for rule in schema.get("x-kubernetes-validations", [])
+              if "oldSelf" not in rule["rule"] and cel.evaluate(rule["rule"], {"self": node}) is not True]
+    if isinstance(node, dict):
+        extra = schema.get("additionalProperties")
+        for key, value in node.items():
+            child = schema.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            if child is not None:
+                broken += cel_violations(child, value, f"{path}.{key}")
+    elif isinstance(node, list) and "items" in schema:
+        for i, value in enumerate(node):
+            broken += cel_violations(schema["items"], value, f"{path}[{i}]")
+    return broken
+
+
+def validation_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in a KubeRay object: schema errors (unknown fields
+    included) and broken CEL rules."""
+    errors = sorted(jsonschema.Draft7Validator(crd_schema(obj["kind"])).iter_errors(obj), key=str)
+    return [f"{list(e.path)}: {e.message}" for e in errors] + cel_violations(crd_version_schema(obj["kind"]), obj)
 
 
 def pod_specs(obj: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -83,8 +130,8 @@ def test_every_object_validates_strictly(variant):
     assert len(ray_objects) == 1
     for obj in objects:
         if obj["apiVersion"] == "ray.io/v1":
-            errors = sorted(jsonschema.Draft7Validator(crd_schema(obj["kind"])).iter_errors(obj), key=str)
-            assert not errors, f"{obj['kind']}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+            errors = validation_errors(obj)
+            assert not errors, f"{obj['kind']}: " + "; ".join(errors[:5])
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -94,6 +141,15 @@ def test_the_crd_check_rejects_an_unknown_field():
     rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {}       # a typo
     errors = list(jsonschema.Draft7Validator(crd_schema("RayJob")).iter_errors(rayjob))
     assert any("rayStartParam" in e.message for e in errors)
+    # The CEL rules: legacy policies beside deletion rules, and a condition with both statuses.
+    strategy = rayjob["spec"]["deletionStrategy"]
+    strategy["onSuccess"] = {"policy": "DeleteCluster"}
+    strategy["deletionRules"][0]["condition"]["jobDeploymentStatus"] = "Failed"
+    errors = cel_violations(crd_version_schema("RayJob"), rayjob)
+    assert any(".spec.deletionStrategy: legacy policies (onSuccess/onFailure) and deletionRules" in e
+               for e in errors), errors
+    assert any(".spec.deletionStrategy.deletionRules[0].condition: JobStatus and JobDeploymentStatus" in e
+               for e in errors), errors
     deployment = copy.deepcopy(by_kind(render(K8S / "rayjob"), "Deployment")[0])
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -126,7 +182,7 @@ def test_policies_hold_in_every_variant(variant):
     assert env["MLFLOW_TRACKING_URI"]["value"] == "http://ray-ormas-mlflow:5000"
 
 
-@pytest.mark.parametrize("variant", ["rayjob", "raycluster", "overlays/s3"])
+@pytest.mark.parametrize("variant", GPU_VARIANTS)
 def test_the_gpu_worker_group(variant):
     (ray,) = [o for o in render(K8S / variant) if o["kind"] in ("RayJob", "RayCluster")]
     (group,) = cluster_spec(ray)["workerGroupSpecs"]
@@ -138,7 +194,11 @@ def test_the_gpu_worker_group(variant):
     shm = {v["name"]: v for v in pod["volumes"]}["shm"]
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "shm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
-    assert {e["name"] for e in worker["env"]} >= {"NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG"}
+    nccl = {e["name"]: e["value"] for e in worker["env"] if e["name"].startswith("NCCL_")}
+    if variant == "overlays/nccl-tcp":          # TCP pinned on request only
+        assert nccl == {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
+    else:                                       # NCCL picks InfiniBand/RoCE where the pods have it
+        assert nccl == {"NCCL_DEBUG": "WARN"}
     assert not [e["name"] for e in worker["env"] if e["name"].startswith("MLFLOW_")]   # only the head talks to MLflow
     assert "ray-ormas-mlflow" not in str(worker)
     assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
@@ -162,6 +222,59 @@ def test_the_s3_and_cpu_variants():
     assert runs["spec"]["accessModes"] == ["ReadWriteOnce"]
     (pvc,) = [o for o in render(K8S / "rayjob") if o["metadata"]["name"] == "ray-ormas-runs"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def assert_kuberay_accepts_the_deletion_fields(rayjob: dict[str, Any]) -> None:
+    """The RayJob rules KubeRay's operator checks beyond the CRD (ValidateRayJobSpec, master
+    after v1.7.0): deletion rules exclude shutdownAfterJobFinishes; DeleteWorkers needs the
+    autoscaler off; per condition each policy once, with TTLs DeleteWorkers <= DeleteCluster <=
+    DeleteSelf; a suspended job needs shutdownAfterJobFinishes; TTLs need it too."""
+    spec = rayjob["spec"]
+    rules = spec.get("deletionStrategy", {}).get("deletionRules", [])
+    if rules:
+        assert not spec.get("shutdownAfterJobFinishes")
+    if spec.get("ttlSecondsAfterFinished"):
+        assert spec.get("shutdownAfterJobFinishes") is True
+    if spec.get("suspend"):
+        assert spec.get("shutdownAfterJobFinishes") is True and not rules
+    by_condition: dict[str, dict[str, int]] = {}
+    for rule in rules:
+        condition = json.dumps({k: v for k, v in rule["condition"].items() if k != "ttlSeconds"})
+        assert rule["policy"] not in by_condition.get(condition, {}), rule
+        by_condition.setdefault(condition, {})[rule["policy"]] = rule["condition"].get("ttlSeconds", 0)
+        if rule["policy"] == "DeleteWorkers":
+            assert spec["rayClusterSpec"].get("enableInTreeAutoscaling") is not True
+    for ttls in by_condition.values():
+        order = [ttls[p] for p in ("DeleteWorkers", "DeleteCluster", "DeleteSelf") if p in ttls]
+        assert order == sorted(order), ttls
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "raycluster"])
+def test_what_goes_when_the_job_ends(variant):
+    (rayjob,) = by_kind(render(K8S / variant), "RayJob")
+    assert_kuberay_accepts_the_deletion_fields(rayjob)
+    spec = rayjob["spec"]
+    assert spec["backoffLimit"] == 0 and spec["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+    if variant == "overlays/kueue":             # created suspended in a LocalQueue; Kueue admits it whole
+        assert spec["suspend"] is True and rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+        assert "deletionStrategy" not in spec and spec["ttlSecondsAfterFinished"] == 600
+        return
+    assert "suspend" not in spec and "shutdownAfterJobFinishes" not in spec
+    rules = {(r["policy"], r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"]):
+             r["condition"]["ttlSeconds"] for r in spec["deletionStrategy"]["deletionRules"]}
+    assert rules == {("DeleteCluster", "SUCCEEDED"): 60, ("DeleteWorkers", "FAILED"): 0,
+                     ("DeleteCluster", "FAILED"): 3600, ("DeleteCluster", "Failed"): 600}
+    assert not [p for p, _ in rules if p == "DeleteSelf"]       # the RayJob and its status stay
+
+
+def test_the_legacy_deletion_component_for_operators_without_the_feature_gate(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S / "rayjob", tmp_path)],
+        "components": [os.path.relpath(K8S / "components" / "legacy-deletion", tmp_path)]}))
+    (rayjob,) = by_kind(render(tmp_path), "RayJob")
+    assert not validation_errors(rayjob)
+    assert_kuberay_accepts_the_deletion_fields(rayjob)
+    assert "deletionStrategy" not in rayjob["spec"] and rayjob["spec"]["shutdownAfterJobFinishes"] is True
 
 
 def entrypoint_and_config(variant: str, tmp_path: Path) -> tuple[str, Path]:

@@ -22,7 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
 
-from ray_ormas import MLflowSettings, RayOrmasTrainer, open_records
+from ray_ormas import MLflowSettings, RayOrmasTrainer
 
 from .loops import digits_loop, resume_loop
 from .mlflow_server import MLflowServer, mlflow_server

@@ -5,7 +5,6 @@ import copy
 import json
 
 import fsspec
-import pyarrow.fs
 import pytest
 import torch
 from pyarrow.fs import FSSpecHandler, LocalFileSystem, PyFileSystem, SubTreeFileSystem
