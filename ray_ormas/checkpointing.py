@@ -7,7 +7,7 @@
         ckpt = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
         ray_ormas.report({"epoch": epoch}, checkpoint=ckpt)            # every rank; ckpt is None off rank 0
 
-This is seed 002's pattern (save on rank 0, load on all ranks) made safe for FSDP and exact:
+This is the classic DDP pattern (save on rank 0, load on all ranks) made safe for FSDP and exact:
 
 * The model and optimizer state go through `torch.distributed.checkpoint.state_dict`
   (`get_state_dict` / `set_state_dict` with full, CPU-offloaded state dicts). The same code saves
@@ -21,8 +21,11 @@ This is seed 002's pattern (save on rank 0, load on all ranks) made safe for FSD
   (any small dict of your own) travel too.
 
 The file is `state.pt`, read back with `torch.load(weights_only=True)`: nothing in it needs
-pickle. ray-ormas adds the record pointer to the checkpoint's Ray metadata when it is reported
-(segments.py). The monitor's own state (its baselines, streaks and certificates) does not
+pickle. Without `directory=`, it goes to a temporary folder that `ray_ormas.report` has Ray
+delete once the checkpoint is in storage (`delete_local_checkpoint_after_upload`, with either
+upload mode), so rank 0's disk never holds more than the checkpoint being uploaded; a folder you
+name is yours to keep or remove. ray-ormas adds the record pointer to the checkpoint's Ray
+metadata when it is reported (segments.py). The monitor's own state (its baselines, streaks and certificates) does not
 travel: ormas-monitor 0.2.3 has no state_dict, so a resumed attempt starts a fresh monitor in a
 new record segment; docs/fault-tolerance.md says what that changes.
 
@@ -48,6 +51,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 STATE_FILE = "state.pt"
 FORMAT = "ray-ormas-checkpoint/1"
+TEMPORARY_PREFIX = "ray-ormas-ckpt-"
+_temporary: set[str] = set()         # the folders save_checkpoint made in this process
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,18 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     state = {"format": FORMAT, "epoch": epoch, "step": step, "model": model_state, "optimizer": optim_state,
              "scaler": scaler.state_dict() if scaler is not None else None,
              "sampler_epoch": getattr(sampler, "epoch", None), "rng": rng, "extra": dict(extra or {})}
-    out = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="ray-ormas-ckpt-"))
+    out = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     out.mkdir(parents=True, exist_ok=True)
     torch.save(state, out / STATE_FILE)
+    if directory is None:
+        _temporary.add(str(out))
     return ray.train.Checkpoint.from_directory(str(out))
+
+
+def is_temporary(checkpoint: ray.train.Checkpoint) -> bool:
+    """Whether `checkpoint` is a temporary folder `save_checkpoint` made (not one the caller
+    named): ray-ormas has Ray delete it once it is uploaded (worker.py)."""
+    return checkpoint.path in _temporary
 
 
 def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,

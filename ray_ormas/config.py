@@ -127,7 +127,7 @@ class MonitorSettings:
 
 @dataclass(frozen=True)
 class BatchSize:
-    """What a batch size means, said once (seed 003's per-rank vs global question).
+    """What a batch size means, said once (SR-Forge's guide asks it: per rank, or global?).
 
     Args:
         size: the batch size, per rank or global as `per` says.

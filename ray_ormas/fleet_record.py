@@ -95,9 +95,14 @@ class FleetRecordWriter:
         for f in self._files.values():
             if f is not None:
                 f.close()
-        if not self._store.is_local:
-            self._upload()
+        if self._store.is_local:
+            return
+        if self._upload():
             shutil.rmtree(self._local, ignore_errors=True)
+        else:
+            logger.warning("[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
+                           "at %s on the head node: copy its files there when storage is back",
+                           self._store.shown(self.path), self._local)
 
     def _uploader(self) -> None:
         while not self._closed:
@@ -106,13 +111,15 @@ class FleetRecordWriter:
             if self._dirty.is_set() and not self._closed:
                 self._upload()
 
-    def _upload(self) -> None:
+    def _upload(self) -> bool:
         self._dirty.clear()
         try:
             self._store.upload(self._local, self.path)
         except Exception as e:          # retried at the next alarm, interval or the end
             self._dirty.set()
             self._fail(e)
+            return False
+        return True
 
     def _fail(self, e: BaseException) -> None:
         if not self._failed:

@@ -86,6 +86,7 @@ class RunLedger:
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
         self._records: dict[str, str] = {}
+        self._staged: list[Any] = []            # staging.Staging of every segment on object storage
         self._rank0_closing: dict[str, asyncio.Event] = {}
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
@@ -163,8 +164,17 @@ class RunLedger:
     def set_record(self, monitor: str, path: str) -> None:
         self._records[monitor] = path
 
+    def add_staging(self, staging: Any) -> None:
+        """Rank 0 stages a segment on its node (object storage): swept at the end (staging.py)."""
+        self._staged.append(staging)
+
+    def drop_staging(self, segment_path: str) -> None:
+        """Rank 0 uploaded the closed segment and removed its staging folder."""
+        self._staged = [s for s in self._staged if s.segment_path != segment_path]
+
     def snapshot(self) -> dict[str, Any]:
-        return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records)}
+        return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records),
+                "staged": list(self._staged)}
 
     # -------------------------------------------------------------- MLflow (mlflow_writer.py)
     def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ import os
 import posixpath
 import re
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +104,31 @@ class RecordStore:
         return posixpath.join(self.root, monitor)
 
     # ------------------------------------------------------------------ checks
-    def check_writable(self) -> None:
+    def check_writable(self, timeout_s: float | None = None) -> None:
         """Write and delete a probe file in the root, or raise RecordStorageError naming the path
         and the reason. Called on the driver before any worker starts. Folders it had to create
-        on a local store are removed again, so a trainer that is never fit leaves no trace."""
+        on a local store are removed again, so a trainer that is never fit leaves no trace.
+
+        The probe gets `timeout_s` seconds (default: $RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S, else
+        20): an endpoint that takes connections but never answers keeps pyarrow's S3 client
+        retrying for minutes, so the check gives up and says so instead."""
+        timeout_s = storage_check_timeout_s() if timeout_s is None else timeout_s
+        outcome: list[BaseException | None] = []
+        probe = threading.Thread(target=lambda: outcome.append(self._probe_write()), daemon=True,
+                                 name="ray-ormas-storage-check")
+        probe.start()
+        probe.join(timeout_s)
+        if not outcome:
+            raise RecordStorageError(
+                f"cannot write the ormas record to {self.shown()}: the storage did not answer within {timeout_s:g} s"
+                f"{_endpoint_hint(self.filesystem)}. {STORAGE_ADVICE} RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S sets how long "
+                f"this check waits.")
+        if outcome[0] is not None:
+            e = outcome[0]
+            raise RecordStorageError(f"cannot write the ormas record to {self.shown()}: {type(e).__name__}: {e}."
+                                     f"{_credentials_hint(self.filesystem)} {STORAGE_ADVICE}") from None
+
+    def _probe_write(self) -> BaseException | None:
         probe = posixpath.join(self.root, f".ray-ormas-write-check-{uuid.uuid4().hex}")
         created = self._first_missing_folder()
         try:
@@ -117,12 +139,8 @@ class RecordStore:
             if created is not None:
                 self.filesystem.delete_dir(created)
         except Exception as e:
-            raise RecordStorageError(
-                f"cannot write the ormas record to {self.shown()}: {type(e).__name__}: {e}. The record goes "
-                f"beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "
-                f"RayOrmasTrainer(record_dir=...) says otherwise; point it at a location every node can write "
-                f"(a shared path such as /mnt/nfs/runs, or s3://bucket/runs with credentials in the "
-                f"environment)") from None
+            return e
+        return None
 
     def _first_missing_folder(self) -> str | None:
         if not self.is_local:
@@ -204,6 +222,42 @@ class RecordStore:
     def write_bytes(self, path: str, data: bytes) -> None:
         with self.filesystem.open_output_stream(path) as f:
             f.write(data)
+
+
+STORAGE_ADVICE = ("The record goes beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "
+                  "RayOrmasTrainer(record_dir=...) says otherwise; point it at a location every node can write (a "
+                  "shared path such as /mnt/nfs/runs, or s3://bucket/runs with credentials in the environment).")
+CREDENTIAL_SOURCES = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                      "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+
+
+def storage_check_timeout_s() -> float:
+    text = os.environ.get("RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S", "20")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise RecordStorageError(f"RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S={text!r}: give a number of seconds above 0")
+    return value
+
+
+def _endpoint_hint(filesystem: pafs.FileSystem) -> str:
+    if filesystem.type_name != "s3":
+        return ""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return (f" (is the endpoint {endpoint} right, and reachable from here?)" if endpoint else
+            " (is this machine able to reach S3? For an S3-compatible store, set AWS_ENDPOINT_URL)")
+
+
+def _credentials_hint(filesystem: pafs.FileSystem) -> str:
+    """For S3 without any credentials in sight: say so (the request went out unsigned)."""
+    if filesystem.type_name != "s3" or any(os.environ.get(k) for k in CREDENTIAL_SOURCES):
+        return ""
+    if Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser().is_file():
+        return ""
+    return (" No AWS credentials were found (no AWS_ACCESS_KEY_ID, AWS_PROFILE, web identity token or "
+            "~/.aws/credentials), so the request went unsigned unless this machine has an instance or pod role.")
 
 
 def resolve(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:

@@ -54,6 +54,7 @@ from .ledger_callback import LedgerCallback
 from .mlflow_writer import TrackingOutcome, WriterSpec
 from .paths import resolve_location
 from .records import RunRecords
+from .staging import sweep
 from .storage import RecordStore, resolve
 from .tracking import MLflowSettings, absolute_store_uri, check_run_exists, mlflow_environment, shown
 from .worker import WorkerPlan, wrap_train_loop
@@ -85,6 +86,8 @@ class OrmasRun:
             outlasted the fit; None when tracking is off).
         fleet: fleet health (a `FleetSummary`: per-rank table, alarms, the fleet record's path);
             None when it is off (`fleet=False`, or a single worker).
+        not_uploaded: on object storage, one message per segment that storage could not take
+            by the end of the fit, naming the node and folder that hold its local copy.
     """
 
     store: RecordStore
@@ -98,6 +101,7 @@ class OrmasRun:
     tracking_uri: str | None = None
     mlflow_complete: bool | None = None
     fleet: FleetSummary | None = None
+    not_uploaded: list[str] = field(default_factory=list)
 
     def digests(self, key: str = "ormas/param_digest") -> list[list[str]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
@@ -263,24 +267,27 @@ class RayOrmasTrainer:
             with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
                 result = trainer.fit()
         except BaseException as e:
+            # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
+            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+            if not interrupted:
+                _sweep_staging(ledger, self.store)
             _tell_where_the_record_is(ledger, self.store)
             hang = _hang_error(e)
             if hang is not None:
                 ledger.fleet_error.remote(hang)
             _finish_fleet(ledger)
-            # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
-            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
             self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
+            staging_left = sweep(self.store, snapshot["staged"])
             fleet_summary = _finish_fleet(ledger)
             outcome = self._finish_tracking(ledger, "FINISHED", None,
                                             result.checkpoint.path if result.checkpoint else None)
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
-        run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary)
+        run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left)
         if outcome is not None:
             run = dataclasses.replace(run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri,
                                       mlflow_complete=outcome.complete)
@@ -373,6 +380,14 @@ def _hang_error(error: BaseException) -> str | None:
             return f"{type(e).__name__}: {e}"[:2000]
         todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None)]
     return None
+
+
+def _sweep_staging(ledger: Any, store: RecordStore) -> None:
+    """After a failed fit: upload what rank 0 staged but could not upload (staging.py)."""
+    try:
+        sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
+    except Exception as e:      # only a courtesy on the way out: the training error propagates as it is
+        logger.warning("[ray-ormas] could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
 
 
 def _finish_fleet(ledger: Any) -> FleetSummary | None:

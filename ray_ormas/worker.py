@@ -36,6 +36,7 @@ record's `run_end` carries the error) and the exception is re-raised unchanged.
 from __future__ import annotations
 
 import inspect
+import shutil
 import sys
 import uuid
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ import torch
 import torch.nn as nn
 from ormas_monitor.integrations._common import LossWindow
 
+from .checkpointing import is_temporary
 from .compat import flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .fleet_probe import RankProbe
@@ -55,6 +57,7 @@ from .ledger import RANK_KEY, Arrival, meet
 from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
+from .staging import Staging
 from .storage import RecordStore
 from .strategies import prepare
 
@@ -161,7 +164,8 @@ class WorkerMonitor:
         self._micro_steps = False
         self._closed = False
         self._report_path: Path | None = None
-        self._upload_failed = False
+        self._upload_failed = False         # some upload failed (reported once)
+        self._uploaded = False              # the last upload went through
         # Rank 0 only: the segment's path in the store, and the local folder the monitor writes
         # to (the same folder on a local store, a staging folder otherwise).
         self.segment_path: str | None = None
@@ -188,6 +192,9 @@ class WorkerMonitor:
             raise
         if self.segment_path is not None:
             plan.ledger.set_record.remote(name, self.segment_path)
+            if not plan.store.is_local:
+                plan.ledger.add_staging.remote(Staging(name, self.segment_path, str(self.record_dir),
+                                                       ray.get_runtime_context().get_node_id(), session.node()))
         self._probe: RankProbe | None = None
         if plan.fleet and self._primary:
             if session.rank == 0:
@@ -245,7 +252,9 @@ class WorkerMonitor:
             flush_metrics(self.monitor)
         try:
             self._session.plan.store.upload(self.record_dir, self.segment_path)
+            self._uploaded = True
         except Exception as e:              # telemetry never breaks training
+            self._uploaded = False
             self._upload_error(e)
         steps = self.monitor.step_count
         return {"segment": Path(self.segment_path).name, "path": self.segment_path,
@@ -293,7 +302,22 @@ class WorkerMonitor:
             self._report_path = self.monitor.close()
             if self.record_dir is not None and self.segment_path is not None:
                 self.persist()
+                self._drop_staging()
         return self._report_path
+
+    def _drop_staging(self) -> None:
+        """On object storage, remove the local staging folder once the closed segment is
+        uploaded; if the last upload failed, keep it and say where it is."""
+        store = self._session.plan.store
+        if store.is_local or self.record_dir is None:
+            return
+        if self._uploaded:
+            shutil.rmtree(self.record_dir, ignore_errors=True)
+            self._session.plan.ledger.drop_staging.remote(self.segment_path)
+            return
+        print(f"[ray-ormas] the record of monitor {self.name!r} could not be uploaded to "
+              f"{store.shown(self.segment_path)} when training ended; it is kept whole at {self.record_dir} on node "
+              f"{self._session.node()}, and the driver tries again when the fit ends", file=sys.stderr, flush=True)
 
     def metrics(self) -> dict[str, Any]:
         """This rank's `ormas/...` facts for a report (rank 0 adds its record rows)."""
@@ -400,6 +424,8 @@ class WorkerSession:
                           f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
         payload = {**metrics, **self._metrics(kind, step)}
         self.reports += 1
+        if checkpoint is not None and is_temporary(checkpoint):
+            kwargs.setdefault("delete_local_checkpoint_after_upload", True)     # rank 0's disk stays clean
         ray.train.report(payload, checkpoint=checkpoint, **kwargs)
 
     def finish(self) -> None:

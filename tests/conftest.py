@@ -2,16 +2,32 @@
 
 Workers import the test loops from `tests.loops`, so the repository root goes on PYTHONPATH
 before Ray starts (its worker processes inherit the driver's environment). The controller's
-poll interval is lowered so that back-to-back reports do not each wait 2 s.
+poll interval is lowered so that back-to-back reports do not each wait 2 s. The S3 API server's
+endpoint and credentials go into the environment here, before anything starts, as a user of an
+S3-compatible store would set them (tests/s3_server.py); the server runs only while a test asks
+for it (`s3`).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from .s3_server import S3Server, free_port, s3_environment
+
 ROOT = Path(__file__).resolve().parent.parent
+S3 = S3Server(free_port())
+os.environ.update(s3_environment(S3.port))
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """The S3 API server, running (a test that stops it starts it again)."""
+    S3.start()
+    yield S3
+    S3.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +45,12 @@ def storage(tmp_path: Path) -> Path:
     path = tmp_path / "runs"
     path.mkdir()
     return path
+
+
+def temporary_folders() -> dict[str, int]:
+    """ray-ormas's folders in this machine's temp folder (every worker of the local cluster
+    shares it), with their sizes in bytes."""
+    import tempfile
+    root = Path(tempfile.gettempdir())
+    return {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            for p in root.glob("ray-ormas-*") if p.is_dir()}

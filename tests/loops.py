@@ -140,7 +140,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     server_pgid (rank 0 SIGKILLs that process group before that global step), extra_metrics
     (reports also carry the loss, a string and a NaN), storage_root +
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
-    each checkpoint report and returns the line counts it saw).
+    each checkpoint report and returns the line counts it saw), upload_mode (Ray's
+    CheckpointUploadMode by name, e.g. "ASYNC"), done_marker + sleep_after (rank 0 creates that
+    file after its last report and sleeps that long before returning).
     """
     import signal
     import time
@@ -182,12 +184,17 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = {"epoch": epoch, "step": step}
         if config.get("extra_metrics"):
             metrics.update(loss=float(loss), note=f"epoch {epoch}", ratio=float("nan"))
-        ray_ormas.report(metrics, checkpoint=checkpoint)
+        upload = {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[config["upload_mode"]]} \
+            if config.get("upload_mode") else {}
+        ray_ormas.report(metrics, checkpoint=checkpoint, **upload)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
             fs = SubTreeFileSystem(config["storage_root"], LocalFileSystem())
             with fs.open_input_stream(config["storage_check"]) as f:
                 persisted.append(f.read().count(b"\n"))
+    if rank == 0 and config.get("done_marker"):
+        open(config["done_marker"], "w").close()
+        time.sleep(config.get("sleep_after", 0))
     return {"step": step, "resumed_from_epoch": state.epoch if state else None, "persisted_lines": persisted}
 
 

@@ -11,6 +11,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer, open_records
 
+from .conftest import temporary_folders
 from .loops import resume_loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -56,6 +57,33 @@ def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(
         assert pointer["metrics_rows"] == -(-pointer["steps"] // 3)      # checks at 0, 3, 6, ...
         assert seen[i] >= pointer["events"]
     assert seen[0] < len(diary)                 # persisted mid-run, not only at the end
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("upload_mode", ["SYNC", "ASYNC"])
+def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(tmp_path, upload_mode):
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
+    before = temporary_folders()
+    result = fit("disk", RunConfig(name="disk", storage_path="runs", storage_filesystem=fs), epochs=8,
+                 upload_mode=upload_mode)
+    left = {name: size for name, size in temporary_folders().items() if name not in before}
+    checkpoints = sorted(p for p in (bucket / "runs" / "disk").glob("checkpoint_*") if p.is_dir())
+    assert len(checkpoints) == 8
+    one = sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file())
+    # Rank 0 wrote 8 checkpoints and staged the record for a non-local store: at most one
+    # checkpoint's worth is left (none, in fact), and the record's staging folder is gone.
+    assert sum(left.values()) <= one, left
+    assert not [n for n in left if n.startswith("ray-ormas-model-")], left
+    # Each checkpoint, uploaded in the background or not, points at the record as of its epoch.
+    diary = lines((bucket / result.ormas.records["model"] / "diary.jsonl").read_bytes())
+    for i, path in enumerate(checkpoints):
+        checkpoint = Checkpoint(str(path.relative_to(bucket)), fs)
+        pointer = checkpoint.get_metadata()["ormas"]["model"]
+        assert pointer["steps"] == STEPS_PER_EPOCH * (i + 1)
+        assert diary[pointer["events"] - 1]["hash"] == pointer["last_hash"]
+    assert verify_run(bucket / result.ormas.records["model"]).ok
 
 
 @pytest.mark.timeout(420)

@@ -23,6 +23,8 @@ import pytest
 import yaml
 from ormas_monitor.record import verify_run
 
+from ray_ormas import open_records
+
 from .conftest import ROOT
 
 K8S = ROOT / "k8s"
@@ -304,15 +306,26 @@ def test_the_gpu_rayjob_entrypoint_and_config_are_valid(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_the_cpu_rayjob_entrypoint_runs_for_real(ray_cluster, tmp_path):
+@pytest.mark.parametrize("where", ["pvc", "s3"])
+def test_the_cpu_rayjob_entrypoint_runs_for_real(ray_cluster, tmp_path, request, where):
+    """The CPU overlay's entrypoint and config, with run storage on a local folder (the PVC's
+    mount) or on the S3 API server (as the S3 overlay's pods have it: a bucket URI in
+    RAY_ORMAS_STORAGE_PATH, endpoint and credentials in the environment)."""
     command, _ = entrypoint_and_config("overlays/cpu", tmp_path)
-    storage = tmp_path / "runs"
+    storage = str(tmp_path / "runs") if where == "pvc" else f"{request.getfixturevalue('s3').bucket()}/runs"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "RAY_ORMAS_STORAGE_PATH": str(storage), "RAY_ADDRESS": ray_cluster.address_info["address"]}
+           "RAY_ORMAS_STORAGE_PATH": storage, "RAY_ADDRESS": ray_cluster.address_info["address"]}
     env.pop("MLFLOW_TRACKING_URI", None)
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=280, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "connecting to the Ray cluster at" in done.stdout
     assert "conv2.0       0         32        32             0  repaired" in done.stdout
-    record = storage / "digits-repair" / "ormas" / "model" / "segment-000"
-    assert verify_run(record).ok
+    records = open_records(f"{storage}/digits-repair")
+    (segment,) = records.segments()
+    assert segment.complete and segment.path.endswith("digits-repair/ormas/model/segment-000")
+    if where == "pvc":
+        assert verify_run(segment.path).ok
+    else:                                           # verified where it is read back: a local copy
+        local = tmp_path / "copy"
+        records.store.download(segment.path, local)
+        assert verify_run(local).ok

@@ -10,17 +10,22 @@ the main thread, so `fit()` runs in a background thread. The cluster is always s
 MODE "no-replacement": no node is added. With `FailureConfig(controller_failure_limit=1)` and
 `RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=5`, the run must fail after about two startup timeouts
 instead of waiting for a node forever (Ray's default limit is unlimited).
+
+STORAGE is a local folder or an `s3://` URI (the S3 API server of tests/s3_server.py, found
+through the environment this process inherits).
 """
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -53,17 +58,19 @@ def main(storage: str, out: str, mode: str = "replace") -> None:
                 result = trainer.fit()
                 outcome.update(return_value=result.return_value, final=result.ormas.final,
                                worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
-                               digests=result.ormas.digests()[-1])
+                               digests=result.ormas.digests()[-1], not_uploaded=result.ormas.not_uploaded)
             except BaseException as e:          # reported to the test, which fails on it
                 outcome["error"] = f"{type(e).__name__}: {e}"
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        run_dir = Path(storage) / "node-loss"
+        fs, base = pafs.FileSystem.from_uri(storage) if "://" in storage else (pafs.LocalFileSystem(), storage)
+        run_dir = posixpath.join(base, "node-loss")
         deadline = time.monotonic() + 180
 
-        def checkpoints() -> list[Path]:
-            return [p for p in run_dir.glob("checkpoint_*") if p.is_dir()]
+        def checkpoints() -> list[str]:
+            infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+            return [i.path for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
         while not checkpoints() and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.2)
         outcome["checkpoints_before_loss"] = len(checkpoints())
