@@ -7,8 +7,8 @@ Layout, under the record root (storage.py), one folder per `fit()`:
     ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
 
 Both files are append-only. On a local (or mounted) store the head appends to them in place and
-flushes every line; on object storage it appends to a copy on the head node and uploads it
-(soon after an alarm, else every `UPLOAD_EVERY_S`, and when the fit ends). A rerun is another
+flushes every line; on object storage it appends to a copy on the head node and sends the new
+lines (uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends). A rerun is another
 fit with its own folder, so nothing a previous fit wrote is touched. `RunRecords.fleet_checks()`
 and `fleet_alarms()` (records.py) read every fit's lines as Arrow tables; `fleet_summary` turns
 one fit's lines into the per-rank table of `result.ormas.fleet` and of `ray-ormas report`.
@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from .storage import RecordStore
+from .uploads import IncrementalUpload
 
 FLEET_DIR = "fleet"
 UPLOAD_EVERY_S = 10.0
@@ -51,6 +52,8 @@ class FleetRecordWriter:
         self._store = store
         self.path = fleet_folder(store, fit_id)
         self._local = Path(self.path) if store.is_local else Path(tempfile.mkdtemp(prefix="ray-ormas-fleet-"))
+        self._sync = None if store.is_local else IncrementalUpload(store, self._local, self.path)
+        self._sync_lock = threading.Lock()
         self._dirty = threading.Event()
         self._urgent = threading.Event()
         self._closed = False
@@ -97,7 +100,7 @@ class FleetRecordWriter:
                 f.close()
         if self._store.is_local:
             return
-        if self._upload():
+        if self._upload(final=True):
             shutil.rmtree(self._local, ignore_errors=True)
         else:
             logger.warning("[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
@@ -111,10 +114,12 @@ class FleetRecordWriter:
             if self._dirty.is_set() and not self._closed:
                 self._upload()
 
-    def _upload(self) -> bool:
+    def _upload(self, final: bool = False) -> bool:
+        """Send what is new (all of it, whole, when `final`); False if storage refused."""
         self._dirty.clear()
         try:
-            self._store.upload(self._local, self.path)
+            with self._sync_lock:
+                self._sync.finish() if final else self._sync.push()
         except Exception as e:          # retried at the next alarm, interval or the end
             self._dirty.set()
             self._fail(e)

@@ -10,7 +10,7 @@ upload stays, and the driver says where it is. A node that is gone took its fold
 segment then ends at its last upload).
 
 Hooks relied on: `ray.remote` tasks with `NodeAffinitySchedulingStrategy(soft=False)`, and
-`RecordStore.upload` (storage.py).
+`IncrementalUpload.finish` (uploads.py).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .storage import RecordStore
+from .uploads import IncrementalUpload
 
 logger = logging.getLogger("ray_ormas")
 SWEEP_TIMEOUT_S = 300
@@ -47,7 +48,7 @@ def _upload_leftover(store: RecordStore, folder: str, segment_path: str) -> str 
     if not path.is_dir():
         return None
     try:
-        store.upload(path, segment_path)
+        IncrementalUpload(store, path, segment_path).finish()
     except Exception as e:
         return f"{type(e).__name__}: {e}"[:500]
     shutil.rmtree(path, ignore_errors=True)

@@ -13,8 +13,8 @@ over a real record is data loss; so rank 0 claims the next free `segment-NNN`. O
 NFS-mounted) path the claim is an atomic `mkdir` and the monitor writes there directly. On any
 other filesystem (S3, GCS, HDFS, a `SubTreeFileSystem`, an fsspec one) the claim is the
 segment's `segment.json`, the monitor writes to a staging folder on rank 0's node, and
-`RecordStore.upload` copies that folder to storage (worker.py calls it at every checkpoint and at
-the end). Two `fit()`s running at the same time under the same run name on object storage could
+storage is brought up to date from that folder at every checkpoint and at the end, sending only
+what is new (uploads.py; `read_bytes` and `download` put files sent in parts together again). Two `fit()`s running at the same time under the same run name on object storage could
 claim the same segment: object stores have no atomic create, so do not do that (Ray's own
 checkpoints would collide too).
 
@@ -28,12 +28,13 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pyarrow.fs as pafs
 
@@ -206,22 +207,60 @@ class RecordStore:
                         destination_filesystem=self.filesystem)
 
     def download(self, path: str, local_dir: Path) -> Path:
-        """Copy the folder `path` of this store into `local_dir`; return `local_dir`."""
+        """Copy the folder `path` of this store into `local_dir`; return `local_dir`. A file sent
+        in parts (uploads.py) arrives whole."""
         local_dir.mkdir(parents=True, exist_ok=True)
         pafs.copy_files(path, str(local_dir), source_filesystem=self.filesystem,
                         destination_filesystem=pafs.LocalFileSystem())
+        for parts in sorted(local_dir.glob(f"*{PARTS_SUFFIX}")):
+            whole = local_dir / parts.name[:-len(PARTS_SUFFIX)]
+            if parts.is_dir() and not whole.exists():
+                whole.write_bytes(join_parts((p.name, p.read_bytes()) for p in parts.iterdir() if p.is_file()))
+            shutil.rmtree(parts, ignore_errors=True)
         return local_dir
 
     def read_bytes(self, path: str) -> bytes | None:
+        """The file at `path`; put together from its parts (uploads.py) if it has no whole copy
+        yet; None if neither exists."""
         try:
             with self.filesystem.open_input_stream(path) as f:
                 return f.read()
         except FileNotFoundError:
+            pass
+        infos = self.filesystem.get_file_info(pafs.FileSelector(path + PARTS_SUFFIX, allow_not_found=True))
+        parts = [i for i in infos if i.type == pafs.FileType.File]
+        if not parts:
             return None
+        read = []
+        for info in parts:
+            with self.filesystem.open_input_stream(info.path) as f:
+                read.append((info.base_name, f.read()))
+        return join_parts(read)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         with self.filesystem.open_output_stream(path) as f:
             f.write(data)
+
+
+PARTS_SUFFIX = ".parts"
+
+
+def part_name(offset: int) -> str:
+    """The name of the part of a file that starts at byte `offset` (uploads.py)."""
+    return f"{offset:016d}"
+
+
+def join_parts(parts: Iterable[tuple[str, bytes]]) -> bytes:
+    """A file from its parts, each placed at the offset its name gives; stops at a gap."""
+    whole = bytearray()
+    for name, data in sorted(parts, key=lambda p: int(p[0]) if p[0].isdigit() else -1):
+        if not name.isdigit():
+            continue
+        offset = int(name)
+        if offset > len(whole):
+            break
+        whole[offset:offset + len(data)] = data
+    return bytes(whole)
 
 
 STORAGE_ADVICE = ("The record goes beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "

@@ -59,6 +59,7 @@ from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .staging import Staging
 from .storage import RecordStore
+from .uploads import IncrementalUpload
 from .strategies import prepare
 
 _SESSION: WorkerSession | None = None
@@ -178,6 +179,8 @@ class WorkerMonitor:
             link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"))
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
+        self._upload = (IncrementalUpload(plan.store, self.record_dir, self.segment_path)
+                        if self.record_dir is not None and not plan.store.is_local else None)
         self.tracker = (RowForwarder(plan.ledger, self._prefix.rstrip("/"), session.attempt, self.step_offset,
                                      self._primary) if session.rank == 0 and plan.tracked else None)
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
@@ -251,7 +254,8 @@ class WorkerMonitor:
         if not self._closed:
             flush_metrics(self.monitor)
         try:
-            self._session.plan.store.upload(self.record_dir, self.segment_path)
+            if self._upload is not None:        # object storage: what is new; all of it once closed
+                self._upload.finish() if self._closed else self._upload.push()
             self._uploaded = True
         except Exception as e:              # telemetry never breaks training
             self._uploaded = False

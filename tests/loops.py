@@ -189,9 +189,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
         ray_ormas.report(metrics, checkpoint=checkpoint, **upload)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
-            fs = SubTreeFileSystem(config["storage_root"], LocalFileSystem())
-            with fs.open_input_stream(config["storage_check"]) as f:
-                persisted.append(f.read().count(b"\n"))
+            store = ray_ormas.RecordStore(SubTreeFileSystem(config["storage_root"], LocalFileSystem()), "")
+            persisted.append((store.read_bytes(config["storage_check"]) or b"").count(b"\n"))
     if rank == 0 and config.get("done_marker"):
         open(config["done_marker"], "w").close()
         time.sleep(config.get("sleep_after", 0))

@@ -108,8 +108,9 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
     def outage() -> None:
         try:
             deadline = time.monotonic() + 300
-            while not s3_files(records_uri).get("model/segment-000/diary.jsonl") and time.monotonic() < deadline:
-                time.sleep(0.2)             # the first checkpoint's upload reached S3
+            while not any(k.startswith("model/segment-000/diary.jsonl") for k in s3_files(records_uri)) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)             # the first checkpoint's upload reached S3 (the diary's first part)
             s3.stop()
             timeline.append("down")
             while len([p for p in (local / "outage").glob("checkpoint_*") if p.is_dir()]) < 2 and \
@@ -138,7 +139,9 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
     assert [r["step"] for r in rows] == list(range(0, 4 * STEPS_PER_EPOCH, 3))       # every row
     events = records.events().to_pylist()
     errors = [e for e in events if e["event"] == "sink_error"]
-    assert len(errors) == 1 and "ray-ormas upload to s3://" in str(errors[0]), [e["event"] for e in events]
+    # One failed upload or two (the outage can begin while the first checkpoint's upload is
+    # still sending), each written into the record.
+    assert 1 <= len(errors) <= 2 and all("ray-ormas upload to s3://" in str(e) for e in errors), errors
     # Every checkpoint's pointer is a prefix of the record in S3, the one taken during the outage too.
     diary = s3_lines(diary_uri)
     import json
@@ -243,3 +246,35 @@ def test_storage_that_is_down_silent_or_missing_fails_on_the_driver_in_bounded_t
         trainer_on("s3://nobucket/runs")
     assert "No AWS credentials were found" in str(e.value)
     assert ray.is_initialized() == was_running          # all of it before any worker, or Ray, started
+
+
+def test_storage_is_brought_up_to_date_with_what_is_new(s3, tmp_path):
+    from ray_ormas.storage import RecordStore
+    from ray_ormas.uploads import IncrementalUpload
+    store = RecordStore.at(f"{s3.bucket()}/runs/r/ormas")
+    local = tmp_path / "segment"
+    local.mkdir()
+    (local / "segment.json").write_text('{"segment": 0}\n')
+    diary = local / "diary.jsonl"
+    diary.write_bytes(b'{"seq": 1}\n{"seq": 2}\n{"seq": 3, "half')        # a line still being written
+    remote = f"{store.root}/model/segment-000"
+    upload = IncrementalUpload(store, local, remote)
+    assert upload.push() == len(b'{"seq": 1}\n{"seq": 2}\n') + len(b'{"segment": 0}\n')
+    assert store.read_bytes(f"{remote}/diary.jsonl") == b'{"seq": 1}\n{"seq": 2}\n'
+    with open(diary, "ab") as f:
+        f.write(b'": 1}\n{"seq": 4}\n')
+    assert upload.push() == len(b'{"seq": 3, "half": 1}\n{"seq": 4}\n')          # only what is new
+    assert upload.push() == 0
+    whole = diary.read_bytes()
+    assert store.read_bytes(f"{remote}/diary.jsonl") == whole
+    # A part sent again (a retry after a timeout that had in fact succeeded), or overlapping
+    # another, changes nothing: parts are placed at their offsets.
+    store.write_bytes(f"{remote}/diary.jsonl.parts/0000000000000000", b'{"seq": 1}\n{"seq": 2}\n')
+    store.write_bytes(f"{remote}/diary.jsonl.parts/0000000000000011", b'{"seq": 2}\n{"seq": 3, "half": 1}\n')
+    assert store.read_bytes(f"{remote}/diary.jsonl") == whole
+    copy = store.download(remote, tmp_path / "copy")
+    assert (copy / "diary.jsonl").read_bytes() == whole and not list(copy.glob("*.parts"))
+    # Closed: whole files, no parts left.
+    assert upload.finish() == len(whole)
+    assert sorted(s3_files(f"s3://{remote}")) == ["diary.jsonl", "segment.json"]
+    assert store.read_bytes(f"{remote}/diary.jsonl") == whole

@@ -71,7 +71,11 @@ def main(storage: str, out: str, mode: str = "replace") -> None:
         def checkpoints() -> list[str]:
             infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
             return [i.path for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
-        while not checkpoints() and time.monotonic() < deadline and thread.is_alive():
+
+        def registered() -> bool:       # Ray's controller writes its checkpoint index once it took one
+            return fs.get_file_info(posixpath.join(run_dir, "checkpoint_manager_snapshot.json")).type == \
+                pafs.FileType.File
+        while not registered() and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.2)
         outcome["checkpoints_before_loss"] = len(checkpoints())
         cluster.remove_node(first, allow_graceful=False)
