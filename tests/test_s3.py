@@ -65,6 +65,7 @@ def test_a_run_on_s3_survives_a_killed_rank_0_and_reads_back(s3, ray_cluster, tm
     first, second = records.segments()
     assert not first.complete and second.complete
     killed = records.metrics().to_pylist()
+    assert records.fleet_checks().num_rows > 0                 # the fleet record, read back from its parts too
     assert [r["run_step"] for r in killed if r["segment"] == 0] == list(range(0, kill_at, 3))
     assert second.link["previous"]["segment"] == "segment-000"
     # Resumed from epoch 1's checkpoint in S3 (or epoch 0's, if the controller had not registered
