@@ -119,7 +119,10 @@ class FleetRecordWriter:
         self._dirty.clear()
         try:
             with self._sync_lock:
-                self._sync.finish() if final else self._sync.push()
+                if final:
+                    self._sync.finish()
+                else:
+                    self._sync.push()
         except Exception as e:          # retried at the next alarm, interval or the end
             self._dirty.set()
             self._fail(e)

@@ -60,12 +60,12 @@ class IncrementalUpload:
             if path.name.endswith(APPEND_ONLY_SUFFIX):
                 data = path.read_bytes()
                 self.store.write_bytes(posixpath.join(self._folder(self.remote), path.name), data)
-                sent += len(data)
                 self._delete_parts(path.name)
                 self._sent[path.name] = len(data)
+                self.bytes_sent += len(data)
+                sent += len(data)
             else:
                 sent += self._push_small(path)
-        self.bytes_sent += sent
         return sent
 
     def _files(self) -> list[Path]:
@@ -108,7 +108,7 @@ class IncrementalUpload:
         parts = posixpath.join(self.remote, name + PARTS_SUFFIX)
         try:
             self.store.filesystem.delete_dir(parts)
-        except (FileNotFoundError, OSError):
+        except OSError:
             infos = self.store.filesystem.get_file_info(pafs.FileSelector(parts, allow_not_found=True))
             for info in infos:                                # a store without real folders
                 self.store.filesystem.delete_file(info.path)

@@ -59,8 +59,8 @@ from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
 from .staging import Staging
 from .storage import RecordStore
-from .uploads import IncrementalUpload
 from .strategies import prepare
+from .uploads import IncrementalUpload
 
 _SESSION: WorkerSession | None = None
 RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record
@@ -254,8 +254,10 @@ class WorkerMonitor:
         if not self._closed:
             flush_metrics(self.monitor)
         try:
-            if self._upload is not None:        # object storage: what is new; all of it once closed
-                self._upload.finish() if self._closed else self._upload.push()
+            if self._upload is not None and self._closed:
+                self._upload.finish()               # object storage: every file whole, once
+            elif self._upload is not None:
+                self._upload.push()                 # object storage: what is new since the last time
             self._uploaded = True
         except Exception as e:              # telemetry never breaks training
             self._uploaded = False
