@@ -13,8 +13,9 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
   --steps 30 --world-sizes 1 2` (docs/performance.md). Each check is the line or file the docs
   promise: the record a training names verifies, a dry run says the config is valid, ...
 * A command the text marks as needing what this machine lacks runs the closest thing that does
-  (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script gets
-  `--help`; a training that needs GPUs or S3 gets `--dry-run` with the S3 location made local;
+  (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script, or one
+  that needs the test extras, gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
+  with the S3 location made local;
   a read from S3 reads the demo's run through a `file://` URI instead; `kubectl apply -k DIR`
   renders DIR with real kustomize and validates it; other kubectl commands have the objects they
   name looked up in the rendered manifests; docker and kind commands have their Dockerfile and
@@ -316,7 +317,7 @@ def closest_s3_read(clone: Clone, command: DocCommand) -> None:
 
 
 def closest_help(clone: Clone, command: DocCommand) -> None:
-    """A synopsis, a mention, or a script that needs a GPU: its `--help` runs, and names every
+    """A synopsis, a mention, or a script that needs a GPU or the test extras: its `--help` runs, and names every
     option the text shows."""
     words = [w for w in command.words if not w.startswith("[")]
     prefix = []
@@ -472,7 +473,7 @@ def plan(command: DocCommand) -> str:
             return "dry_run"
         if re.match(r"ray-ormas (report|export) s3://", text):
             return "s3_read"
-        if "GPU" in needs and program.startswith("python"):
+        if ("GPU" in needs or "test extras" in needs) and program.startswith("python"):
             return "help"
         if command.has_placeholder():
             return "help"
