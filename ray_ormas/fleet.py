@@ -13,7 +13,8 @@ Per check, once every rank's facts are in (work and output linear in the number 
   A rank is *slow* at a check when relative < `slow_score` and its excess b - median is at least
   `min_excess` x the fleet's median step (wall) time. `slow_checks` slow checks in a row raise a
   `straggler` alarm naming the rank, its node and what is slow: `data` or `compute`, whichever
-  component exceeds the others' median more. When it is no longer slow, `straggler_recovered`.
+  component exceeds the others' median more. After `slow_checks` checks in a row that are not
+  slow, `straggler_recovered` (the same N both ways, so one noisy check does not end an episode).
 * **Divergence** (DDP): the ranks whose parameter digest differs from the majority's, and the
   first parameter group whose digests differ (a layer's name when a group holds one parameter).
   One alarm per episode; `divergence_resolved` when the digests agree again.
@@ -37,7 +38,8 @@ KEEP_PENDING_CHECKS = 8     # checks waiting for missing ranks are dropped beyon
 @dataclass
 class _RankState:
     best_busy: float | None = None
-    streak: int = 0
+    streak: int = 0             # slow checks in a row
+    fast_streak: int = 0        # checks in a row that were not slow
     alarmed: bool = False
 
 
@@ -140,6 +142,7 @@ class FleetAnalyzer:
             r.update(relative_score=round(relative, 4), individual_score=round(individual, 4), slow=slow,
                      slow_in=slow_in if slow else None)
             state.streak = state.streak + 1 if slow else 0
+            state.fast_streak = 0 if slow else state.fast_streak + 1
             if slow and state.streak == self.settings.slow_checks and not state.alarmed:
                 state.alarmed = True
                 what = "data loading" if slow_in == "data" else "compute (forward pass)"
@@ -151,11 +154,12 @@ class FleetAnalyzer:
                                "message": f"rank {r['rank']} on node {r['node']} is slow in {what} for "
                                           f"{state.streak} checks: {_ms(component)} against the other ranks' "
                                           f"{_ms(reference)} (straggler score {relative:.2f})"})
-            elif not slow and state.alarmed:
+            elif state.alarmed and state.fast_streak == self.settings.slow_checks:
+                # The same N both ways: one noisy check on a loaded node neither raises nor ends an episode.
                 state.alarmed = False
                 alarms.append({**where, "kind": "straggler_recovered", "ranks": [r["rank"]], "node": r["node"],
-                               "message": f"rank {r['rank']} on node {r['node']} is no longer slow "
-                                          f"(straggler score {relative:.2f})"})
+                               "message": f"rank {r['rank']} on node {r['node']} is no longer slow for "
+                                          f"{state.fast_streak} checks (straggler score {relative:.2f})"})
         return alarms
 
     def _divergence(self, attempt: int, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
