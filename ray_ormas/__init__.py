@@ -16,6 +16,10 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from .logs import install_default_handler
+
+install_default_handler()
+
 try:
     __version__ = version("ray-ormas")
 except PackageNotFoundError:      # running from a source tree that was not installed

@@ -34,6 +34,7 @@ Hooks relied on: `ray.train.get_checkpoint`, `ray.train.Checkpoint.from_director
 """
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import tempfile
@@ -48,6 +49,8 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 FORMAT = "ray-ormas-checkpoint/1"
@@ -159,8 +162,8 @@ def _rng_state() -> dict[str, Any]:
 def _restore_rng(states: list[dict[str, Any]]) -> None:
     rank = _rank()
     if rank >= len(states):
-        print(f"[ray-ormas] the checkpoint holds random states for {len(states)} ranks; rank {rank} keeps its own "
-              f"(the world size changed)", file=sys.stderr, flush=True)
+        logger.warning("[ray-ormas] the checkpoint holds random states for %d ranks; rank %d keeps its own "
+                       "(the world size changed)", len(states), rank)
         return
     state = states[rank]
     torch.set_rng_state(state["torch"])

@@ -14,10 +14,13 @@ verification, 2 usage, config or storage error.
 """
 from __future__ import annotations
 
+import logging
 import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
+
+logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             demo.run(out=args.out, epochs=args.epochs, workers=args.workers, check_every=args.check_every,
                      seed=args.seed, verbose=args.verbose)
         except Exception as e:
-            print(f"ray-ormas demo failed: {type(e).__name__}: {e}", file=sys.stderr)
+            logger.error("ray-ormas demo failed: %s: %s", type(e).__name__, e)
             return 1
         return 0
     from .records import open_records
@@ -85,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         records = open_records(args.run)
     except (RecordStorageError, OSError) as e:
-        print(f"ray-ormas {args.command}: {e}", file=sys.stderr)
+        logger.error("ray-ormas %s: %s", args.command, e)
         return 2
     if args.command == "mlflow-sync":
         return _mlflow_sync(records, args.tracking_uri)
@@ -102,8 +105,8 @@ def _mlflow_sync(records, tracking_uri: str | None) -> int:
     from .tracking import first_line, quick_requests, shown
     journals = read_journals(records.store)
     if not journals:
-        print(f"ray-ormas mlflow-sync: no MLflow journal under {records.store.shown()} (its .mlflow/ folder): the "
-              f"run was trained with mlflow=False, or by a ray-ormas that kept no MLflow journal yet", file=sys.stderr)
+        logger.error("ray-ormas mlflow-sync: no MLflow journal under %s (its .mlflow/ folder): the run was trained "
+                     "with mlflow=False, or by a ray-ormas that kept no MLflow journal yet", records.store.shown())
         return 2
     quick_requests(10.0)
     from mlflow import MlflowClient
@@ -113,9 +116,9 @@ def _mlflow_sync(records, tracking_uri: str | None) -> int:
         try:
             client.search_experiments(max_results=1)
         except Exception as e:
-            print(f"ray-ormas mlflow-sync: MLflow at {shown(uri)} is unreachable ({type(e).__name__}: "
-                  f"{first_line(e)}); nothing was changed. Run it again when the tracker answers, or give "
-                  f"--tracking-uri", file=sys.stderr)
+            logger.error("ray-ormas mlflow-sync: MLflow at %s is unreachable (%s: %s); nothing was changed. Run it "
+                         "again when the tracker answers, or give --tracking-uri", shown(uri), type(e).__name__,
+                         first_line(e))
             return 1
         clients[uri] = client
     for journal in journals:
@@ -123,8 +126,7 @@ def _mlflow_sync(records, tracking_uri: str | None) -> int:
         try:
             r = sync_fit(clients[uri], records, journal, finished=True)
         except Exception as e:
-            print(f"ray-ormas mlflow-sync: fit {journal['fit_id']}: {type(e).__name__}: {first_line(e)}",
-                  file=sys.stderr)
+            logger.error("ray-ormas mlflow-sync: fit %s: %s: %s", journal["fit_id"], type(e).__name__, first_line(e))
             return 1
         what = "created; " if r.created else ""
         closed = f"; set {r.closed}" if r.closed else ""
@@ -147,7 +149,7 @@ def _report(records, out: Path, monitor: str | None) -> int:
         print(f"    report: {r.reports['report']}")
         failed += not r.verified
     if not done:
-        print("no segments found", file=sys.stderr)
+        logger.error("no segments found")
     _fleet_report(records)
     return 1 if failed else 0
 

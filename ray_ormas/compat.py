@@ -1,41 +1,44 @@
-"""Compatibility with the installed ormas-monitor: small, marked workarounds, each with the
-condition under which it switches itself off.
+"""Compatibility with the installed ormas-monitor: everything ray-ormas needs beyond its public API,
+in one place, each piece checked so that a changed ormas-monitor fails loudly instead of quietly
+doing less. `pyproject.toml` admits only the ormas-monitor version CI tests (0.2.3); a release
+gets a new pin once these checks and the tests pass against it. docs/architecture.md lists, per
+piece, the upstream change that would let it go.
 
-* `flush_metrics`: ormas-monitor 0.2.3 writes `metrics.jsonl` through a buffered file it flushes
-  only at `close()`, while it flushes every diary line. A worker killed mid-run left a 0-byte
-  `metrics.jsonl` here. ray-ormas flushes that file after every check (one `write` syscall per
-  check, none on unsampled steps) and before every upload, so the rows on disk and in storage
-  are every row produced. It reads the monitor's private `_metrics` file attribute; if a later
-  ormas-monitor renames it, this does nothing, and the tests that SIGKILL a worker and count the
-  rows that survived fail, which is how we notice.
+* `MetricNaming` (public API, checked): the MLflow metric names and values of a record row or
+  event are ormas-monitor's own (`ormas/loss`, `ormas/grad_norm/<layer>`,
+  `ormas/stuck_channels/<layer>`, `ormas/stuck_channels_total`, `ormas/events/<event>`).
+  ormas-monitor's sinks write to a live tracker (its MLflowSink to MLflow's "active run");
+  ray-ormas's head-node writer logs into one given run, retries, and fills gaps from the record.
+  So the names are read from a `TensorBoardSink` given, through its public `writer=` argument, a
+  recorder that keeps the (name, value, step) it would write (ormas-monitor's sinks share one
+  naming). Checked when the writer starts, on a known row and event: named differently ->
+  `OrmasCompatError`.
 
-* `ShardedGradientMonitor`: under FSDP2 (`torch.distributed.fsdp.fully_shard`) gradients are
-  DTensors, and ormas-monitor 0.2.3 crashes at its first check (`.tolist() is not supported for
-  tensor subclasses, got DTensor`, in `Monitor._read_scalars`). This subclass replaces that one
-  method when the model's gradients are DTensors: each rank sums the squared norms of its local
-  shards per layer, one all-reduce per check adds them up over the shards (and only over mesh
-  dimensions that shard), and the square roots are the true global gradient norms, read with
-  one host transfer. That is better than ormas-monitor's FSDP1 behaviour ("each rank sees
-  gradient norms of its own shards; rank 0's are recorded"), and the manifest says so. The loss
-  stays rank 0's own, as under DDP. It is a collective, so every rank must run the same checks,
-  which is the same contract the monitor has under DDP. It turns itself off when the installed
-  ormas-monitor's `_read_scalars` handles DTensors itself (its source mentions them).
+* `flush_metrics` (a private attribute, only read; checked when rank 0's monitor is built):
+  ormas-monitor 0.2.3 writes `metrics.jsonl` through a buffered file it flushes only at
+  `close()`, while it flushes every diary line, so a worker killed mid-run left a 0-byte
+  `metrics.jsonl`. ray-ormas flushes that file (the monitor's `_metrics`) after every check and
+  before every upload. `check_metrics_file`: no such open file -> `OrmasCompatError`.
 
-* `MetricNaming`: the MLflow metric names and values of a record row or event are ormas-monitor's
-  own (`MLflowSink`: `ormas/loss`, `ormas/grad_norm/<layer>`, `ormas/stuck_channels/<layer>`,
-  `ormas/stuck_channels_total`, `ormas/events/<event>`). `MLflowSink` sends them with MLflow's
-  fluent API, which logs into the process's "active run"; ray-ormas's head-node writer logs
-  into one given run, retries, and fills gaps from the record. So the sink's `mlflow` module
-  (its private `_mlflow` attribute) is replaced by a recorder that only collects the
-  (name, value, step) it would log. Checked when the writer starts, on a known row: if the
-  installed ormas-monitor has no such attribute or names a row differently, the writer fails
-  loudly (`OrmasCompatError`), never silently logs nothing. It can go when ormas-monitor exposes
-  the naming itself (a public `metrics_of(row)` or a sink that takes a client).
+* `ShardedGradientMonitor` (private methods overridden; checked when a monitor is built for a
+  model with DTensor parameters): under FSDP2 (`torch.distributed.fsdp.fully_shard`) gradients
+  are DTensors, and ormas-monitor 0.2.3 crashes at its first check (`.tolist() is not supported
+  for tensor subclasses, got DTensor`, in `Monitor._read_scalars`). This subclass replaces that
+  method: each rank sums the squared norms of its local shards per layer, one all-reduce per
+  check adds them up over the shards (and only over mesh dimensions that shard), and the square
+  roots are the true global gradient norms, read with one host transfer. Its manifest replaces
+  ormas-monitor's FSDP1 note ("each rank sees gradient norms of its own shards") with what is
+  recorded instead. It is a collective, so every rank must run the same checks, the contract
+  the monitor has under DDP anyway. `check_sharded_gradient_seam`: a method it overrides or calls
+  with another signature -> `OrmasCompatError`; the manifest override raises it too when the
+  FSDP note it replaces is not there.
+
+The micro-step loss window (gradient accumulation) is ray-ormas's own (`micro_steps.py`).
 """
 from __future__ import annotations
 
-import functools
 import inspect
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,86 +49,108 @@ from ormas_monitor import Monitor
 OWN_FSDP_NOTE = "under FSDP each rank sees gradient norms of its own shards; rank 0's are recorded"
 GLOBAL_NORMS_NOTE = ("under FSDP2 ray-ormas records global gradient norms: each rank's squared shard norms are "
                      "summed over the shards by one all-reduce per check (ray_ormas.compat)")
+PINNED = "ormas-monitor==0.2.3"
 
 
 class OrmasCompatError(RuntimeError):
-    """The installed ormas-monitor no longer behaves as a ray-ormas workaround expects."""
+    """The installed ormas-monitor no longer behaves as ray-ormas expects."""
 
 
+def _changed(piece: str, what: str, fallback: str) -> str:
+    import ormas_monitor
+    return (f"ray-ormas {piece}, and the installed ormas-monitor {getattr(ormas_monitor, '__version__', '?')} "
+            f"changed it ({what}). Install the version ray-ormas is tested with (pip install '{PINNED}'){fallback}")
+
+
+# ------------------------------------------------------------------ metric naming
 class _Recorder:
-    """Stands in for the `mlflow` module inside MLflowSink: collects what it would log."""
+    """Stands in for a SummaryWriter given to TensorBoardSink: keeps what it would write."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[str, float, int]] = []
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.entries += [(k, float(v), int(step)) for k, v in metrics.items()]
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.entries.append((tag, float(value), int(step)))
 
-    def log_metric(self, key: str, value: float, step: int) -> None:
-        self.entries.append((key, float(value), int(step)))
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        pass                                # the event's text is in the record, not a metric
+
+    def flush(self) -> None:
+        pass
 
 
 class MetricNaming:
-    """ormas-monitor's MLflow names for a row or an event, as (name, value, step) triples."""
+    """ormas-monitor's metric names for a row or an event, as (name, value, step) triples."""
 
     _PROBE = {"step": 7, "loss": 0.5, "grad": {"probe": 2.0}, "stuck": {"probe": [1, 0, 0, 0]}}
 
     def __init__(self, prefix: str) -> None:
-        from ormas_monitor.integrations.sinks import MLflowSink
-        self._sink = MLflowSink(prefix=prefix)
-        if not hasattr(self._sink, "_mlflow"):
-            raise OrmasCompatError(_naming_changed("MLflowSink has no `_mlflow` attribute any more"))
+        from ormas_monitor.integrations.sinks import TensorBoardSink
         self._recorder = _Recorder()
-        self._sink._mlflow = self._recorder
+        self._sink = TensorBoardSink(writer=self._recorder, prefix=prefix)
         got = set(self.entries("metrics", self._PROBE))
         want = {(f"{prefix}/loss", 0.5, 7), (f"{prefix}/grad_norm/probe", 2.0, 7),
                 (f"{prefix}/stuck_channels/probe", 1.0, 7), (f"{prefix}/stuck_channels_total", 1.0, 7)}
-        if not want <= got or self.entries("event", {"event": "probe", "step": 7}) != [(f"{prefix}/events/probe",
-                                                                                        1.0, 7)]:
-            raise OrmasCompatError(_naming_changed(f"a probe row was named {sorted(got)}"))
+        event = self.entries("event", {"event": "probe", "step": 7})
+        if not want <= got or event != [(f"{prefix}/events/probe", 1.0, 7)]:
+            raise OrmasCompatError(_changed(
+                "takes its MLflow metric names from ormas-monitor's sinks", f"a probe row was named {sorted(got)}, "
+                f"an event {event}", ", or track with RayOrmasTrainer(mlflow=False) until ray-ormas is updated"))
 
     def entries(self, kind: str, payload: dict[str, Any]) -> list[tuple[str, float, int]]:
-        """What MLflowSink would log for `payload` (its step already the run's step)."""
+        """What ormas-monitor's sinks would log for `payload` (its step already the run's step)."""
         self._recorder.entries = []
         self._sink(kind, payload)
         return self._recorder.entries
 
 
-def _naming_changed(what: str) -> str:
-    import ormas_monitor
-    return (f"ray-ormas takes its MLflow metric names from ormas-monitor's MLflowSink, and the installed "
-            f"ormas-monitor {getattr(ormas_monitor, '__version__', '?')} changed it ({what}). Install the "
-            f"ormas-monitor version ray-ormas pins (pip install -c constraints/ci.txt ...), or track with "
-            f"RayOrmasTrainer(mlflow=False) until ray-ormas is updated")
+# ------------------------------------------------------------------ the metrics file
+def check_metrics_file(monitor: Monitor) -> None:
+    """A monitor that writes a record must hold its `metrics.jsonl` open as `_metrics`, or
+    `flush_metrics` could not keep the rows of a killed worker."""
+    handle = getattr(monitor, "_metrics", None)
+    name = getattr(handle, "name", None)
+    if handle is None or not callable(getattr(handle, "flush", None)) or getattr(handle, "closed", True) or \
+            Path(str(name)).name != "metrics.jsonl":
+        raise OrmasCompatError(_changed(
+            "flushes the monitor's metrics file after every check so that a killed worker keeps its rows",
+            f"Monitor._metrics is {handle!r}, not the open metrics.jsonl", ""))
 
 
-def flush_metrics(monitor: Any) -> bool:
+def flush_metrics(monitor: Monitor) -> bool:
     """Flush the monitor's metrics file if it is open; True when there was one to flush."""
     handle = getattr(monitor, "_metrics", None)
-    if handle is None or getattr(handle, "closed", True) or not callable(getattr(handle, "flush", None)):
+    if handle is None or handle.closed:
         return False
     handle.flush()
     return True
+
+
+# ------------------------------------------------------------------ FSDP2 gradient norms
+# What ShardedGradientMonitor overrides or calls, with ormas-monitor 0.2.3's parameter names.
+_SEAM = {"_read_scalars": ["self", "loss"], "_scale_state": ["self"], "_manifest": ["self"]}
+
+
+def check_sharded_gradient_seam(monitor_type: type = Monitor) -> None:
+    """The methods ShardedGradientMonitor overrides or calls exist with the parameters it expects."""
+    for method, params in _SEAM.items():
+        found = getattr(monitor_type, method, None)
+        got = list(inspect.signature(found).parameters) if callable(found) else None
+        if got != params:
+            raise OrmasCompatError(_changed(
+                "computes global gradient norms under FSDP2 by replacing Monitor._read_scalars",
+                f"Monitor.{method} takes {got}, not {params}", ", or train with strategy='ddp'"))
 
 
 def _is_dtensor(t: Any) -> bool:
     return callable(getattr(t, "to_local", None)) and hasattr(t, "placements")
 
 
-@functools.lru_cache(maxsize=1)
-def ormas_reads_dtensor_gradients() -> bool:
-    """Whether the installed ormas-monitor's gradient read handles DTensors (then this layer is off)."""
-    try:
-        source = inspect.getsource(Monitor._read_scalars)
-    except (OSError, TypeError):
-        return False
-    return any(word in source for word in ("DTensor", "to_local", "full_tensor"))
-
-
 def monitor_class(model: nn.Module) -> type[Monitor]:
-    """The Monitor class for this model: the workaround for DTensor parameters, else ormas's own."""
-    if ormas_reads_dtensor_gradients() or not any(_is_dtensor(p) for p in model.parameters()):
+    """The Monitor class for this model: the FSDP2 one for DTensor parameters, else ormas's own."""
+    if not any(_is_dtensor(p) for p in model.parameters()):
         return Monitor
+    check_sharded_gradient_seam()
     return ShardedGradientMonitor
 
 
@@ -163,7 +188,12 @@ class ShardedGradientMonitor(Monitor):
 
     def _manifest(self) -> dict[str, Any]:
         manifest = super()._manifest()
-        notes = [GLOBAL_NORMS_NOTE if n == OWN_FSDP_NOTE else n for n in manifest.get("notes", [])]
+        notes = list(manifest.get("notes", []))
+        if getattr(self, "dist_mode", None) == "fsdp" and OWN_FSDP_NOTE not in notes:
+            raise OrmasCompatError(_changed(
+                "replaces ormas-monitor's FSDP note in the manifest with what it records instead",
+                f"the manifest's notes are {notes}", ", or train with strategy='ddp'"))
+        notes = [GLOBAL_NORMS_NOTE if n == OWN_FSDP_NOTE else n for n in notes]
         if GLOBAL_NORMS_NOTE not in notes:
             notes.append(GLOBAL_NORMS_NOTE)
         return {**manifest, "notes": notes}

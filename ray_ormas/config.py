@@ -19,7 +19,6 @@ from typing import Any, Literal, Sequence
 
 from ormas_monitor import MonitorConfig
 
-Strategy = Literal["ddp", "fsdp"]
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 RepairMode = bool | Literal["all"]
 

@@ -15,6 +15,7 @@ whole integration: `ray_ormas.prepare_model`, `ray_ormas.monitor`, `mon.step(los
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ import torch.utils.data
 import torch.nn.functional as F
 
 import ray_ormas
+
+logger = logging.getLogger(__name__)
 
 ARMS = ("healthy", "watch", "repair")
 
@@ -144,7 +147,7 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
     from ray.train import RunConfig, ScalingConfig
 
     if not ray.is_initialized():
-        print(f"starting a local Ray cluster ({workers} workers, gloo on CPU)...", flush=True)
+        logger.info("starting a local Ray cluster (%d workers, gloo on CPU)...", workers)
         ray.init(num_cpus=max(workers, 2), include_dashboard=False, log_to_driver=verbose)
     storage = str(Path(out).resolve())
     store = Path(storage) / "mlflow.db"
@@ -152,8 +155,8 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
     tracking = ray_ormas.MLflowSettings(tracking_uri=f"sqlite:///{store}", experiment_name="ray-ormas-demo")
     results = []
     for arm in arms:
-        print(f"--- {arm}: {'healthy network' if arm == 'healthy' else 'conv2 and conv3 zeroed'}, "
-              f"{'repair on' if arm == 'repair' else 'watch only'}", flush=True)
+        logger.info("--- %s: %s, %s", arm, "healthy network" if arm == "healthy" else "conv2 and conv3 zeroed",
+                    "repair on" if arm == "repair" else "watch only")
         t = time.time()
         trainer = ray_ormas.RayOrmasTrainer(
             train_loop, train_loop_config={"seed": seed, "lesion": arm != "healthy", "epochs": epochs, "lr": lr,
@@ -168,7 +171,7 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
                                  certificates=final.get("ormas/certificates", 0), alarms=final.get("ormas/alarms", 0),
                                  stuck_channels=final.get("ormas/stuck_channels", 0), report=result.ormas.report,
                                  seconds=time.time() - t))
-        print(f"    test accuracy {results[-1].accuracy:.1f}% ({results[-1].seconds:.0f} s)", flush=True)
+        logger.info("    test accuracy %.1f%% (%.0f s)", results[-1].accuracy, results[-1].seconds)
     print_table(results)
     print(f"\nthe three runs side by side in MLflow (experiment ray-ormas-demo):\n"
           f"  mlflow ui --backend-store-uri sqlite:///{_as_typed(store)}")

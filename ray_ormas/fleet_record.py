@@ -155,20 +155,8 @@ def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[di
         meta = json.loads(raw) if raw else {}
     except ValueError:
         meta = {}
-    return meta, _lines(store, posixpath.join(folder, "checks.jsonl")), \
-        _lines(store, posixpath.join(folder, "alarms.jsonl"))
-
-
-def _lines(store: RecordStore, path: str) -> list[dict[str, Any]]:
-    out = []
-    for raw in (store.read_bytes(path) or b"").split(b"\n"):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            out.append(line)
-    return out
+    return meta, store.read_lines(posixpath.join(folder, "checks.jsonl")), \
+        store.read_lines(posixpath.join(folder, "alarms.jsonl"))
 
 
 # ------------------------------------------------------------------ the summary

@@ -35,7 +35,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import pyarrow.fs as pafs
 
@@ -132,11 +132,11 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
         offset = seg.step_offset
         if prefix == "ormas":
             out.append(("ormas/attempt", float(attempt), offset))
-        for row in _lines(records.store, posixpath.join(seg.path, "metrics.jsonl")):
+        for row in records.store.read_lines(posixpath.join(seg.path, "metrics.jsonl")):
             if isinstance(row.get("step"), int):
                 out += naming.entries("metrics", {**row, "step": row["step"] + offset})
         last = 0
-        for line in _lines(records.store, posixpath.join(seg.path, "diary.jsonl")):
+        for line in records.store.read_lines(posixpath.join(seg.path, "diary.jsonl")):
             last = event_step(line, last)
             out += naming.entries("event", {"event": line.get("event"), "step": last + offset})
     return out
@@ -152,16 +152,6 @@ def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = N
         checks = [c for c in checks if (c.get("attempt") or 0) <= up_to_attempt]
         alarms = [a for a in alarms if (a.get("attempt") or 0) <= up_to_attempt]
     return mlflow_entries(checks, alarms, int((meta.get("settings") or {}).get("mlflow_ranks", 64)))
-
-
-def _lines(store: RecordStore, path: str) -> Iterator[dict[str, Any]]:
-    for raw in (store.read_bytes(path) or b"").split(b"\n"):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            yield line
 
 
 # ------------------------------------------------------------------ comparing and sending

@@ -304,7 +304,7 @@ class TrackingWriter:
                 self._journal["run_id"] = run_id
             self._save_journal()
             self._opened = True
-            logger.info("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
+            logger.debug("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
         return self._client
 
     def _snapshot(self) -> dict[str, Any]:

@@ -205,13 +205,8 @@ class RunRecords:
 
     def _lines(self, monitor: str | None, file: str) -> Iterator[tuple[Segment, dict[str, Any]]]:
         for seg in self.segments(monitor):
-            for raw in (self.store.read_bytes(posixpath.join(seg.path, file)) or b"").split(b"\n"):
-                try:
-                    line = json.loads(raw)
-                except ValueError:          # an empty tail, or a line cut short by a crash
-                    continue
-                if isinstance(line, dict):
-                    yield seg, line
+            for line in self.store.read_lines(posixpath.join(seg.path, file)):
+                yield seg, line
 
 
 def _drop_cut_lines(local: Path) -> list[str]:

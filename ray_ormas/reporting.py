@@ -16,11 +16,13 @@ collision, which no real divergence produces); it is not a cryptographic hash of
 from __future__ import annotations
 
 import hashlib
-import sys
+import logging
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+progress = logging.getLogger("ray_ormas.progress")
 
 EVENT_LIMIT = 200          # events carried per report; the rest are counted, and stay in the record
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -28,7 +30,8 @@ _EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosi
 
 
 class ProgressPrinter:
-    """Sink that prints one line per check on rank 0: step, loss, alarms, stuck channels, repairs."""
+    """Sink that logs one line per check on rank 0 (logger `ray_ormas.progress`, INFO): step, loss,
+    alarms, stuck channels, repairs."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -46,12 +49,9 @@ class ProgressPrinter:
         layers = sum(1 for v in stuck.values() if sum(v))
         loss = payload.get("loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
-        # Not print(): Ray Train patches print on workers and, when a library has wrapped stdout
-        # (MLflow does), the patched print writes each line twice.
-        sys.stdout.write(f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
-                         f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
-                         f"repaired {self.repairs:>4} ch\n")
-        sys.stdout.flush()
+        progress.info(f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
+                      f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
+                      f"repaired {self.repairs:>4} ch")
 
     def __repr__(self) -> str:
         return f"ray_ormas.ProgressPrinter({self.name!r})"

@@ -33,7 +33,7 @@ import posixpath
 import time
 from typing import Any
 
-from .storage import SEGMENT_FILE, SEGMENT_FORMAT, RecordStore
+from .storage import SEGMENT_FILE, SEGMENT_FORMAT, RecordStore, json_lines
 
 LINK_VERSION = 1
 
@@ -42,12 +42,8 @@ def diary_tail(data: bytes | None) -> dict[str, Any]:
     """Events, last hash and completeness of a diary's bytes. A line cut short by a crash (no
     newline, or not JSON) is not counted."""
     events, last_hash, last_event = 0, None, None
-    for raw in (data or b"").split(b"\n"):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and isinstance(line.get("hash"), str):
+    for line in json_lines(data):
+        if isinstance(line.get("hash"), str):
             events, last_hash, last_event = events + 1, line["hash"], line.get("event")
     return {"events": events, "last_hash": last_hash, "complete": last_event == "run_end"}
 

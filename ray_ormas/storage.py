@@ -34,7 +34,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow.fs as pafs
 
@@ -237,12 +237,28 @@ class RecordStore:
                 read.append((info.base_name, f.read()))
         return join_parts(read)
 
+    def read_lines(self, path: str) -> list[dict[str, Any]]:
+        """The JSON objects of a JSON-lines file (`json_lines`); [] if it does not exist."""
+        return list(json_lines(self.read_bytes(path)))
+
     def write_bytes(self, path: str, data: bytes) -> None:
         with self.filesystem.open_output_stream(path) as f:
             f.write(data)
 
 
 PARTS_SUFFIX = ".parts"
+
+
+def json_lines(data: bytes | None) -> Iterator[dict[str, Any]]:
+    """The JSON objects of JSON-lines bytes, the one reader of record files in the package. A line
+    that is not a JSON object (an empty tail, a line cut short by a crash) is skipped."""
+    for raw in (data or b"").split(b"\n"):
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            yield line
 
 
 def part_name(offset: int) -> str:

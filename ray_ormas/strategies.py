@@ -18,9 +18,9 @@ Hooks relied on: `ray.train.torch.prepare_model`, `ray.train.torch.get_device`,
 """
 from __future__ import annotations
 
+import logging
 import contextlib
 import fnmatch
-import sys
 from typing import Any, Iterator
 
 import ray.train
@@ -28,7 +28,7 @@ import ray.train.torch
 import torch
 import torch.nn as nn
 
-FSDP_OWN_KWARGS = ("shard_modules",)
+logger = logging.getLogger(__name__)
 
 
 def prepare(model: nn.Module, strategy: str, *, move_to_device: bool | torch.device = True,
@@ -106,9 +106,9 @@ def epochs(loader: Any, count: int, start: int = 0) -> Iterator[int]:
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and \
         torch.distributed.get_world_size() > 1
     if not settable and distributed:
-        print(f"[ray-ormas] epochs(): {type(sampler).__name__} has no set_epoch(); if it shuffles, every epoch "
-              f"sees the same order. Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
-              file=sys.stderr, flush=True)
+        logger.warning("[ray-ormas] epochs(): %s has no set_epoch(); if it shuffles, every epoch sees the same order. "
+                       "Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
+                       type(sampler).__name__)
     for epoch in range(start, count):
         if settable:
             sampler.set_epoch(epoch)

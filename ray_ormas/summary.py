@@ -11,7 +11,6 @@ rows with `grad` and `stuck` per layer) and `RecordStore` (storage.py).
 """
 from __future__ import annotations
 
-import json
 import posixpath
 from collections import Counter
 from typing import Any
@@ -21,8 +20,8 @@ from .storage import RecordStore
 
 def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
     """One dict per monitored layer: alarms, certified, repaired, stuck at end, status."""
-    events = _lines(store.read_bytes(posixpath.join(segment, "diary.jsonl")))
-    rows = _lines(store.read_bytes(posixpath.join(segment, "metrics.jsonl")))
+    events = store.read_lines(posixpath.join(segment, "diary.jsonl"))
+    rows = store.read_lines(posixpath.join(segment, "metrics.jsonl"))
     last = rows[-1] if rows else {}
     alarms, certified, repaired = Counter(), Counter(), Counter()
     for e in events:
@@ -68,15 +67,3 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None, flee
         out.append(f"  fleet record: {fleet.record}")
     out.append(f"MLflow: {mlflow}" if mlflow else "MLflow: off")
     return "\n".join(out)
-
-
-def _lines(data: bytes | None) -> list[dict[str, Any]]:
-    out = []
-    for raw in (data or b"").splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            out.append(line)
-    return out

@@ -19,6 +19,8 @@ ray-ormas.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
 import time
@@ -33,11 +35,13 @@ from .paths import StoragePathError, resolve_location
 from .storage import RecordStorageError
 from .tracking import MLflowSettings, shown
 
+logger = logging.getLogger(__name__)
+
 CLI_SCALING_KEYS = {"workers": "scaling.workers", "resources": "scaling.resources_per_worker"}
 
 
 def say(message: str) -> None:
-    print(f"[ray-ormas] {message}", flush=True)
+    logger.info("[ray-ormas] %s", message)
 
 
 def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
@@ -48,10 +52,10 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         job, notes = resolve_storage(job, path)
         trainer = build_trainer(job)
     except ConfigError as e:
-        print(f"ray-ormas train: {e}", file=sys.stderr)
+        logger.error("ray-ormas train: %s", e)
         return 2
     except (ValueError, TypeError, RecordStorageError) as e:
-        print(f"ray-ormas train: {path}: {e}", file=sys.stderr)
+        logger.error("ray-ormas train: %s: %s", path, e)
         return 2
     for note in notes:
         say(note)
@@ -62,7 +66,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         return 0
     shortfall = _start_ray(job)
     if shortfall is not None:
-        print(f"ray-ormas train: {path}: {shortfall}", file=sys.stderr)
+        logger.error("ray-ormas train: %s: %s", path, shortfall)
         return 2
     say(f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
         f"{job.train.epochs} epoch(s); waiting for Ray Train to start the workers ...")
@@ -70,19 +74,19 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     try:
         result = trainer.fit()
     except KeyboardInterrupt:
-        print("ray-ormas train: interrupted", file=sys.stderr)
+        logger.error("ray-ormas train: interrupted")
         return 1
     except BaseException as e:              # Ray's own errors, and the loop's, end the run: exit 1
         if isinstance(e, SystemExit) and e.code in (0, None):
             raise
-        print(f"ray-ormas train: training failed after {time.monotonic() - started:.0f} s: {describe_failure(e)}",
-              file=sys.stderr)
+        logger.error("ray-ormas train: training failed after %.0f s: %s", time.monotonic() - started,
+                     describe_failure(e))
         return 1
     from .summary import render
     run = result.ormas
     mlflow = mlflow_line(run)
-    say(f"finished in {time.monotonic() - started:.0f} s; final metrics: "
-        f"{ {k: v for k, v in (result.metrics or {}).items() if not k.startswith('ormas/')} }")
+    final = {k: v for k, v in (result.metrics or {}).items() if not k.startswith("ormas/")}
+    say(f"finished in {time.monotonic() - started:.0f} s; final metrics: {json.dumps(final, default=str)}")
     print(render(run.store, run.records, mlflow, run.fleet), flush=True)
     return 0
 

@@ -30,7 +30,6 @@ import difflib
 import inspect
 import logging
 import os
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,9 +436,8 @@ def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
     except Exception:       # only a hint on the way out; the training error must propagate as it is
         return
     for name, path in records.items():
-        print(f"[ray-ormas] training failed; the record of monitor {name!r} is at {store.shown(path)} (as of its "
-              f"last checkpoint, or complete with the error in its run_end if rank 0 could close it)",
-              file=sys.stderr, flush=True)
+        logger.warning("[ray-ormas] training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
+                       "complete with the error in its run_end if rank 0 could close it)", name, store.shown(path))
 
 
 def _check_loop(fn: Any) -> None:

@@ -35,9 +35,9 @@ record's `run_end` carries the error) and the exception is re-raised unchanged.
 """
 from __future__ import annotations
 
+import logging
 import inspect
 import shutil
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +47,13 @@ import ray
 import ray.train
 import torch
 import torch.nn as nn
-from ormas_monitor.integrations._common import LossWindow
 
 from .checkpointing import is_temporary
-from .compat import flush_metrics, monitor_class
+from .compat import check_metrics_file, flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .fleet_probe import RankProbe
 from .ledger import RANK_KEY, Arrival, meet
+from .micro_steps import MicroStepLosses
 from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from .segments import segment_link
@@ -61,6 +61,8 @@ from .staging import Staging
 from .storage import RecordStore
 from .strategies import prepare
 from .uploads import IncrementalUpload
+
+logger = logging.getLogger(__name__)
 
 _SESSION: WorkerSession | None = None
 RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record
@@ -161,7 +163,7 @@ class WorkerMonitor:
         self._primary = not session.monitors
         self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
         self._last_loss: torch.Tensor | float | None = None
-        self._window = LossWindow()         # micro-step losses of the current optimizer step
+        self._window = MicroStepLosses()    # micro-step losses of the current optimizer step
         self._micro_steps = False
         self._closed = False
         self._report_path: Path | None = None
@@ -190,6 +192,8 @@ class WorkerMonitor:
             self.monitor = monitor_class(model)(
                 model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
                 name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler, **plan.settings.monitor_kwargs())
+            if self.record_dir is not None:
+                check_metrics_file(self.monitor)
         except BaseException:
             self._release_segment()
             raise
@@ -223,13 +227,15 @@ class WorkerMonitor:
         checks = monitor.checks
         if self._micro_steps:
             self._micro_steps = False
-            taken = self._window.take(mean=True, keep_graph=monitor.step_count == 0)
+            taken = self._window.take_mean(keep_graph=monitor.step_count == 0)
             loss = taken if loss is None else loss
         if probe is not None and probe.armed:
             probe.step_called()
         monitor.step(loss)
         if loss is not None:
-            self._last_loss = loss
+            # Detached: holding the loss itself would keep this step's autograd graph alive until
+            # the next step, and free it inside the next mon.step() instead of where the loop drops it.
+            self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
         if monitor.checks == checks:
             if probe is not None and monitor.step_count % monitor.check_every == 0:
                 probe.arm()                     # the next step is sampled
@@ -271,9 +277,9 @@ class WorkerMonitor:
         error = f"{type(e).__name__}: {e}"
         where = self._session.plan.store.shown(self.segment_path)
         if not self._upload_failed:
-            print(f"[ray-ormas] could not persist the record of monitor {self.name!r} to {where} ({error}); "
-                  f"training goes on, the record is kept at {self.record_dir} on this node and is uploaded again "
-                  f"at the next checkpoint and at the end", file=sys.stderr, flush=True)
+            logger.warning("[ray-ormas] could not persist the record of monitor %r to %s (%s); training goes on, the "
+                           "record is kept at %s on this node and is uploaded again at the next checkpoint and at the "
+                           "end", self.name, where, error, self.record_dir)
         self._upload_failed = True
         diary = self.monitor.diary
         if not self._closed and diary is not None:       # the buffer counts it as a record error
@@ -294,11 +300,6 @@ class WorkerMonitor:
                 store.filesystem.delete_dir(self.segment_path)
         except OSError:
             pass
-
-    def note_loss(self, loss: torch.Tensor | float | None) -> None:
-        """The loss of this step, for loops that call `step()` without one."""
-        self.monitor.note_loss(loss)
-        self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
 
     def close(self) -> Path | None:
         """Close the monitor: rank 0 writes `run_end` and the reports and gets the report's path;
@@ -321,9 +322,9 @@ class WorkerMonitor:
             shutil.rmtree(self.record_dir, ignore_errors=True)
             self._session.plan.ledger.drop_staging.remote(self.segment_path)
             return
-        print(f"[ray-ormas] the record of monitor {self.name!r} could not be uploaded to "
-              f"{store.shown(self.segment_path)} when training ended; it is kept whole at {self.record_dir} on node "
-              f"{self._session.node()}, and the driver tries again when the fit ends", file=sys.stderr, flush=True)
+        logger.warning("[ray-ormas] the record of monitor %r could not be uploaded to %s when training ended; it is "
+                       "kept whole at %s on node %s, and the driver tries again when the fit ends", self.name,
+                       store.shown(self.segment_path), self.record_dir, self._session.node())
 
     def metrics(self) -> dict[str, Any]:
         """This rank's `ormas/...` facts for a report (rank 0 adds its record rows)."""
@@ -426,8 +427,8 @@ class WorkerSession:
                 try:
                     checkpoint.update_metadata({"ormas": pointers})
                 except Exception as e:      # the user's checkpoint is reported either way
-                    print(f"[ray-ormas] could not add the record pointer to the checkpoint's metadata "
-                          f"({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+                    logger.warning("[ray-ormas] could not add the record pointer to the checkpoint's metadata "
+                                   "(%s: %s)", type(e).__name__, e)
         payload = {**metrics, **self._metrics(kind, step)}
         self.reports += 1
         if checkpoint is not None and is_temporary(checkpoint):
@@ -446,14 +447,14 @@ class WorkerSession:
             try:
                 mon.close()
             except Exception as e:               # the record stays as written; training succeeded
-                print(f"[ray-ormas] rank {self.rank}: could not finish the record of monitor {mon.name!r} "
-                      f"({type(e).__name__}: {e}); `ormas-monitor report {mon.record_dir}` rebuilds the reports",
-                      file=sys.stderr, flush=True)
+                logger.warning("[ray-ormas] rank %d: could not finish the record of monitor %r (%s: %s); "
+                               "`ormas-monitor report %s` rebuilds the reports", self.rank, mon.name,
+                               type(e).__name__, e, mon.record_dir)
         final = self._metrics("final")
         final["ormas/steps_per_rank"] = [steps[r] for r in sorted(steps)]
         if self.rank == 0 and len(set(steps.values())) > 1:
-            print(f"[ray-ormas] warning: ranks ran different numbers of monitor steps {final['ormas/steps_per_rank']}; "
-                  f"the record follows rank 0, and the replicas may have diverged", file=sys.stderr, flush=True)
+            logger.warning("[ray-ormas] warning: ranks ran different numbers of monitor steps %s; the record follows "
+                           "rank 0, and the replicas may have diverged", final["ormas/steps_per_rank"])
         self.reports += 1
         ray.train.report(final, checkpoint=None)
 
@@ -469,9 +470,8 @@ class WorkerSession:
             try:
                 mon.close()     # run_end carries the pending exception; then the segment is persisted
             except Exception as e:
-                print(f"[ray-ormas] rank {self.rank}: could not close monitor {mon.name!r} after the loop failed "
-                      f"({type(e).__name__}: {e}); the loop's own error propagates unchanged",
-                      file=sys.stderr, flush=True)
+                logger.warning("[ray-ormas] rank %d: could not close monitor %r after the loop failed (%s: %s); the "
+                               "loop's own error propagates unchanged", self.rank, mon.name, type(e).__name__, e)
         try:
             if self.rank == 0:
                 ray.get(ledger.rank0_closed.remote(self.token), timeout=10)

@@ -1,6 +1,9 @@
 """Everything that can be checked on the driver fails in RayOrmasTrainer(...), before Ray starts."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from ormas_monitor import MonitorConfig
@@ -15,8 +18,6 @@ def loop(config):
 
 
 def test_valid_trainer_builds_settings_without_starting_ray(tmp_path):
-    import ray
-    was_running = ray.is_initialized()
     t = RayOrmasTrainer(loop, repair=True, check_every=7, layers="conv*", report_every=3,
                         monitor_config=MonitorConfig(patience=2), scaling_config=ScalingConfig(num_workers=2),
                         run_config=RunConfig(name="x", storage_path=str(tmp_path / "somewhere")))
@@ -24,7 +25,29 @@ def test_valid_trainer_builds_settings_without_starting_ray(tmp_path):
     assert t.settings.layers == ("conv*",)
     assert t.store.root == str(tmp_path / "somewhere" / "x" / "ormas") and t.store.is_local
     assert list(tmp_path.iterdir()) == []           # the storage check leaves no trace
-    assert ray.is_initialized() == was_running
+
+
+@pytest.mark.timeout(120)
+def test_building_a_trainer_or_refusing_one_starts_no_ray(tmp_path):
+    """In a fresh process (this test session's own Ray cluster would hide a start): a valid
+    trainer is built and a bad one refused, and Ray was never initialized."""
+    code = f"""
+import ray, ray_ormas
+from ray.train import RunConfig, ScalingConfig
+def loop(config):
+    pass
+ray_ormas.RayOrmasTrainer(loop, repair=True, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="x", storage_path={str(tmp_path)!r}))
+try:
+    ray_ormas.RayOrmasTrainer(loop, check_every=0)
+except ValueError as e:
+    print("refused:", e)
+print("ray initialized:", ray.is_initialized())
+"""
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "refused: MonitorConfig.check_every must be an int >= 1" in ran.stdout
+    assert ran.stdout.strip().endswith("ray initialized: False"), ran.stdout
 
 
 @pytest.mark.parametrize("kwargs, error, words", [

@@ -390,36 +390,6 @@ def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(ray_cluster,
     assert best == checkpoints[0] and artifacts(client, run.info.run_id, f"checkpoints/{best}") == {"model.pt", ".metadata.json"}
 
 
-def test_metric_names_come_from_ormas_monitor_and_a_changed_sink_fails_loudly(monkeypatch):
-    import ormas_monitor.integrations.sinks as sinks
-
-    from ray_ormas.compat import MetricNaming, OrmasCompatError
-    naming = MetricNaming("ormas")
-    row = {"step": 30, "loss": 0.25, "grad": {"conv1": 1.5}, "stuck": {"conv1": [2, 1, 0, 0]}}
-    assert sorted(naming.entries("metrics", row)) == [
-        ("ormas/grad_norm/conv1", 1.5, 30), ("ormas/loss", 0.25, 30), ("ormas/stuck_channels/conv1", 3.0, 30),
-        ("ormas/stuck_channels_total", 3.0, 30)]
-
-    original = sinks.MLflowSink
-
-    class Renamed(original):                             # a release that renamed the attribute
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self._client = self.__dict__.pop("_mlflow")
-
-    monkeypatch.setattr(sinks, "MLflowSink", Renamed)
-    with pytest.raises(OrmasCompatError, match="has no `_mlflow` attribute"):
-        MetricNaming("ormas")
-
-    class Reworded(original):                            # a release that names rows differently
-        def __call__(self, kind, payload):
-            self._mlflow.log_metrics({"ormas/training_loss": 0.5}, step=7)
-
-    monkeypatch.setattr(sinks, "MLflowSink", Reworded)
-    with pytest.raises(OrmasCompatError, match="a probe row was named"):
-        MetricNaming("ormas")
-
-
 @pytest.mark.timeout(300)
 def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(ray_cluster, server, storage):
     from ray.train import CheckpointConfig

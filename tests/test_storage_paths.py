@@ -80,13 +80,16 @@ def test_the_trainer_hands_ray_an_absolute_storage_path_and_says_so(tmp_path, mo
         RayOrmasTrainer(lambda: None, run_config=RunConfig(name="r", storage_path="/no/such/parent/runs"))
 
 
-def test_the_cli_says_where_a_relative_storage_path_goes(tmp_path, capsys, monkeypatch):
+def test_the_cli_says_where_a_relative_storage_path_goes(tmp_path, capsys, caplog, monkeypatch):
     from ray_ormas import cli
     monkeypatch.chdir(ROOT)
+    caplog.set_level(logging.INFO, logger="ray_ormas")
     code = cli.main(["train", "examples/digits_watch.yaml", "--dry-run", "--set", "storage.path=./tmp-runs-dry"])
     out = capsys.readouterr().out
     assert code == 0
-    assert f"storage.path './tmp-runs-dry' is relative to this directory: the run goes to {ROOT / 'tmp-runs-dry'}" in out
+    said = [r.getMessage() for r in caplog.records if r.name == "ray_ormas.train_command"]
+    assert f"[ray-ormas] storage.path './tmp-runs-dry' is relative to this directory: the run goes to " \
+           f"{ROOT / 'tmp-runs-dry'}" in said
     assert f"path: {ROOT / 'tmp-runs-dry'}" in out and not (ROOT / "tmp-runs-dry").exists()
 
 

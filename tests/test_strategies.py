@@ -18,7 +18,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 import ray_ormas
 from ray_ormas import BatchSize, RayOrmasTrainer
-from ray_ormas.compat import GLOBAL_NORMS_NOTE, ormas_reads_dtensor_gradients
+from ray_ormas.compat import GLOBAL_NORMS_NOTE
 from ray_ormas.demo import DigitsCNN, lesion, load_digits
 
 from . import loops
@@ -193,22 +193,44 @@ def test_the_monitor_pairs_and_certifies_syncbatchnorm_like_batchnorm(tmp_path):
     assert certified == {"conv2.0", "conv3.0"}
 
 
-def test_epochs_calls_set_epoch(capsys):
+def test_epochs_calls_set_epoch(caplog):
     sampler = DistributedSampler(TensorDataset(torch.arange(10)), num_replicas=2, rank=0, shuffle=True, seed=0)
     seen = []
     for epoch in ray_ormas.epochs(torch.utils.data.DataLoader(sampler.dataset, sampler=sampler), 3, start=1):
         seen.append((epoch, sampler.epoch))
     assert seen == [(1, 1), (2, 2)]
-    assert list(ray_ormas.epochs([1, 2], 2)) == [0, 1]       # one process, no sampler: nothing to set
-    assert "has no set_epoch()" not in capsys.readouterr().err
+    assert list(ray_ormas.epochs([1, 2], 2)) == [0, 1]       # one process, no sampler: nothing to set or say
+    assert not [r for r in caplog.records if r.name.startswith("ray_ormas")]
     with pytest.raises(ValueError, match="count must be an int >= 0"):
         list(ray_ormas.epochs(sampler, -1))
 
 
-def test_the_dtensor_workaround_is_on_for_this_ormas_monitor():
-    # ormas-monitor 0.2.3 cannot read DTensor gradients; when a release can, this flips and the
-    # workaround switches itself off (docs/strategies.md says what then changes).
-    assert ormas_reads_dtensor_gradients() is False
+def _epochs_on_rank(rank: int, init_file: str, said) -> None:
+    """One of two gloo ranks: epochs() over a loader whose sampler has no set_epoch()."""
+    import logging
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("ray_ormas").addHandler(handler)
+    loader = torch.utils.data.DataLoader(TensorDataset(torch.arange(10)), shuffle=True)
+    assert list(ray_ormas.epochs(loader, 2)) == [0, 1]
+    said.put([(r.name, r.levelname, r.getMessage()) for r in records])
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_epochs_says_once_per_rank_when_several_ranks_share_a_sampler_without_set_epoch(tmp_path):
+    import torch.multiprocessing as mp
+    said = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_epochs_on_rank, args=(str(tmp_path / "init"), said), nprocs=2)
+    for _ in range(2):
+        [(name, level, message)] = said.get()
+        assert name == "ray_ormas.strategies" and level == "WARNING"
+        assert message.startswith("[ray-ormas] epochs(): RandomSampler has no set_epoch(); if it shuffles, every "
+                                  "epoch sees the same order. Use a DistributedSampler")
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -3,6 +3,7 @@ written (exit 0) on the session's Ray cluster, a failing loop exits 1."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,23 @@ from .conftest import ROOT
 EXAMPLES = ROOT / "examples"
 
 
-def run(capsys, *args: str) -> tuple[int, str, str]:
+@pytest.fixture
+def console(capsys, caplog):
+    """What the command prints (its output) and what it logs (`ray_ormas` records)."""
+    caplog.set_level(logging.INFO, logger="ray_ormas")
+    return capsys, caplog
+
+
+def run(console, *args: str) -> tuple[int, str, str]:
+    """(exit code, the output and the INFO records, the WARNING-and-above records)."""
+    capsys, caplog = console
+    caplog.clear()
     code = cli.main(["train", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
+    out = capsys.readouterr().out
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("ray_ormas")]
+    notes = [m for level, m in logged if level < logging.WARNING]
+    problems = [m for level, m in logged if level >= logging.WARNING]
+    return code, "\n".join([out, *notes]), "\n".join(problems)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -64,10 +78,10 @@ train: {epochs: 1, batch: {size: 32}}
     ("- a list\n", [], ["must hold a mapping of sections"]),
     ("name: [unclosed\n", [], ["is not valid YAML"]),
 ])
-def test_config_errors_exit_2_naming_the_key_before_ray_starts(capsys, tmp_path, body, overrides, words):
+def test_config_errors_exit_2_naming_the_key_before_ray_starts(console, tmp_path, body, overrides, words):
     import ray
     was_running = ray.is_initialized()
-    code, out, err = run(capsys, str(write(tmp_path, body)), *[a for o in overrides for a in ("--set", o)])
+    code, out, err = run(console, str(write(tmp_path, body)), *[a for o in overrides for a in ("--set", o)])
     assert code == 2, (out, err)
     for w in words:
         assert w in err, err
@@ -86,16 +100,16 @@ def test_every_mlflow_key_reaches_the_trainer(tmp_path):
             s.checkpoint_metric, s.checkpoint_mode, s.max_pending) == tuple(keys.values())
 
 
-def test_missing_config_file_and_bad_usage(capsys, tmp_path):
-    code, _, err = run(capsys, str(tmp_path / "none.yaml"))
+def test_missing_config_file_and_bad_usage(console, tmp_path):
+    code, _, err = run(console, str(tmp_path / "none.yaml"))
     assert code == 2 and "config file" in err and "not found" in err
     with pytest.raises(SystemExit) as e:
         cli.main(["train"])
     assert e.value.code == 2
 
 
-def test_dry_run_prints_the_resolved_config(capsys, tmp_path):
-    code, out, _ = run(capsys, str(EXAMPLES / "digits_watch.yaml"), "--dry-run", "--set", "monitor.repair=true",
+def test_dry_run_prints_the_resolved_config(console, tmp_path):
+    code, out, _ = run(console, str(EXAMPLES / "digits_watch.yaml"), "--dry-run", "--set", "monitor.repair=true",
                        "--set", f"storage.path={tmp_path}")
     assert code == 0 and "config is valid" in out
     assert "repair: true" in out and f"path: {tmp_path}" in out and "check_every: 10" in out
@@ -117,24 +131,24 @@ def test_docs_cli_md_holds_the_generated_config_reference():
 
 
 # ---------------------------------------------------------------- the examples, for real
-def finished(capsys, tmp_path: Path, example: str, *overrides: str) -> str:
+def finished(console, tmp_path: Path, example: str, *overrides: str) -> str:
     args = [str(EXAMPLES / example), "--set", f"storage.path={tmp_path}", "--set", "mlflow.enabled=false"]
-    code, out, err = run(capsys, *args, *[a for o in overrides for a in ("--set", o)])
+    code, out, err = run(console, *args, *[a for o in overrides for a in ("--set", o)])
     assert code == 0, err[-3000:]
     return out
 
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_digits_examples_watch_certifies_and_repair_heals(capsys, tmp_path):
-    watch = finished(capsys, tmp_path, "digits_watch.yaml", "train.epochs=3")
+def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
+    watch = finished(console, tmp_path, "digits_watch.yaml", "train.epochs=3")
     assert "monitor 'model': 7 layers, 5 healthy" in watch
     assert "conv2.0       0         32         0            32  certified dead" in watch
     assert "conv3.0       0         64         0            64  certified dead" in watch
-    repair = finished(capsys, tmp_path, "digits_repair.yaml", "train.epochs=3")
+    repair = finished(console, tmp_path, "digits_repair.yaml", "train.epochs=3")
     assert "conv2.0       0         32        32             0  repaired" in repair
     assert "conv3.0       0         64        64             0  repaired" in repair
-    accuracy = json.loads(repair.split("final metrics: ")[1].split("\n")[0].replace("'", '"'))["val_accuracy"]
+    accuracy = json.loads(repair.split("final metrics: ")[1].split("\n")[0])["val_accuracy"]
     assert accuracy > 0.9
     for name in ("digits-watch", "digits-repair"):
         record = tmp_path / name / "ormas" / "model" / "segment-000"
@@ -144,13 +158,13 @@ def test_digits_examples_watch_certifies_and_repair_heals(capsys, tmp_path):
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_transformer_fsdp_and_gan_examples(capsys, tmp_path):
-    out = finished(capsys, tmp_path, "transformer_fsdp.yaml", "train.epochs=1")
+def test_transformer_fsdp_and_gan_examples(console, tmp_path):
+    out = finished(console, tmp_path, "transformer_fsdp.yaml", "train.epochs=1")
     record = tmp_path / "transformer-fsdp" / "ormas" / "model" / "segment-000"
     manifest = next(json.loads(x) for x in (record / "diary.jsonl").read_text().splitlines() if '"manifest"' in x)
     assert manifest["distributed"]["mode"] == "fsdp" and manifest["channel_checks"] is False
     assert "monitor 'model'" in out and verify_run(record).ok
-    out = finished(capsys, tmp_path, "gan.yaml", "train.epochs=1")
+    out = finished(console, tmp_path, "gan.yaml", "train.epochs=1")
     assert "monitor 'generator'" in out and "monitor 'discriminator'" in out
     for name in ("generator", "discriminator"):
         assert verify_run(tmp_path / "gan" / "ormas" / name / "segment-000").ok
@@ -158,8 +172,8 @@ def test_transformer_fsdp_and_gan_examples(capsys, tmp_path):
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_a_failing_loop_exits_1_and_says_why(capsys, tmp_path):
-    code, _, err = run(capsys, str(EXAMPLES / "digits_watch.yaml"), "--set", f"storage.path={tmp_path}",
+def test_a_failing_loop_exits_1_and_says_why(console, tmp_path):
+    code, _, err = run(console, str(EXAMPLES / "digits_watch.yaml"), "--set", f"storage.path={tmp_path}",
                        "--set", "mlflow.enabled=false", "--set", "train.loss=tests.loops:failing_loss")
     assert code == 1 and "training failed" in err and "loss function failed on purpose" in err
     (last,) = [line for line in err.splitlines() if line.startswith("ray-ormas train: training failed after")]
