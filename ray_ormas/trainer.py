@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow.fs as pafs
 import ray
 from ormas_monitor import MonitorConfig
-from ray.train import Result, RunConfig, ScalingConfig
+from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, ValidationConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -151,7 +151,11 @@ class RayOrmasTrainer:
             worker), a `FleetSettings`, or False: every rank's timings, loss, non-finite values and
             parameter digest at every check, stragglers, divergence and non-finite values named
             (docs/fleet-health.md).
-        scaling_config, run_config, torch_config, datasets: as for `TorchTrainer`.
+        scaling_config, run_config, torch_config, datasets, dataset_config, validation_config,
+        metadata, resume_from_checkpoint: as for `TorchTrainer`, passed to it unchanged, and
+            checked by it here (Ray Train V2 refuses metadata and resume_from_checkpoint). With
+            `ScalingConfig(num_workers=0)` (Ray Train's local mode) the loop runs in this process
+            with the monitor, for debugging. Elastic `num_workers=(min, max)` is refused here.
     """
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
@@ -174,6 +178,10 @@ class RayOrmasTrainer:
                  run_config: RunConfig | None = None,
                  torch_config: TorchConfig | None = None,
                  datasets: dict[str, Any] | None = None,
+                 dataset_config: DataConfig | None = None,
+                 validation_config: ValidationConfig | None = None,
+                 metadata: dict[str, Any] | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None,
                  **unknown: Any) -> None:
         if unknown:
             raise TypeError(_unknown_options(unknown))
@@ -188,9 +196,14 @@ class RayOrmasTrainer:
         if not isinstance(self.scaling_config, ScalingConfig):
             raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
         workers = self.scaling_config.num_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"ScalingConfig.num_workers must be a fixed int >= 1 for RayOrmasTrainer (elastic "
-                             f"ranges are not supported yet), got {workers!r}")
+        if isinstance(workers, tuple):
+            raise ValueError(f"ScalingConfig(num_workers={workers!r}) asks for elastic training, which RayOrmasTrainer "
+                             f"does not run: its report rendezvous, the fleet's rank comparison and a global batch's "
+                             f"split are set up for one world size per fit. Give a fixed num_workers; a restart from "
+                             f"a checkpoint with another num_workers continues the record in a new linked segment")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
+                             f"loop in this process, for debugging), got {workers!r}")
         if self.strategy == "fsdp" and self.settings.repair:
             raise ValueError("repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
                              "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
@@ -209,7 +222,8 @@ class RayOrmasTrainer:
         if batch is not None and not isinstance(batch, BatchSize):
             raise TypeError(f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
                             f"got {type(batch).__name__}")
-        self.batch = batch.to_dict(workers) if batch is not None else None      # refuses an uneven split
+        self.world_size = max(workers, 1)                 # local mode (0 workers): the driver is rank 0
+        self.batch = batch.to_dict(self.world_size) if batch is not None else None    # refuses an uneven split
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
@@ -228,11 +242,19 @@ class RayOrmasTrainer:
         self.mlflow: MLflowSettings | None = mlflow or None
         if self.mlflow is not None and self.mlflow.run_id is not None:
             check_run_exists(self.mlflow, self._run_dir())
-        self.fleet = _fleet_settings(fleet, workers, self.scaling_config.use_gpu)
+        self.fleet = _fleet_settings(fleet, self.world_size, self.scaling_config.use_gpu)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
         self.datasets = datasets
+        self.passed_through = {"dataset_config": dataset_config, "validation_config": validation_config,
+                               "metadata": metadata, "resume_from_checkpoint": resume_from_checkpoint}
+        # Ray Train checks its own arguments when a TorchTrainer is built (and refuses some, e.g.
+        # V2's DeprecationWarning for metadata and resume_from_checkpoint): build one now, on the
+        # driver, so that its errors come before anything starts. fit() builds the one that runs.
+        TorchTrainer(train_loop_per_worker, train_loop_config=train_loop_config, torch_config=torch_config,
+                     scaling_config=self.scaling_config, run_config=self.run_config, datasets=datasets,
+                     **self.passed_through)
 
     def fit(self) -> RayOrmasResult:
         """Run the training; return Ray's Result with `.ormas` added.
@@ -250,24 +272,27 @@ class RayOrmasTrainer:
                                  f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
         fit_id = uuid.uuid4().hex
         tracking = self._tracking_spec(fit_id)
-        workers = self.scaling_config.num_workers
+        workers, local = self.world_size, self.scaling_config.num_workers == 0
         fleet = None if self.fleet is None else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name,
                                                           workers, self.strategy)
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
                           run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
-                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch)
+                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch, local=local)
         run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []),
                                                                      LedgerCallback(ledger, tracking is not None)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
                                train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
-                               scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets)
+                               scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets,
+                               **self.passed_through)
         try:
             with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
                 result = trainer.fit()
         except BaseException as e:
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
             interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+            if local and not interrupted:   # the loop's own error, raised here unchanged: tell the ledger
+                LedgerCallback(ledger, tracking is not None).after_exception(None, {0: e})
             if not interrupted:
                 _sweep_staging(ledger, self.store)
             _tell_where_the_record_is(ledger, self.store)
@@ -344,7 +369,7 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
     elif not isinstance(fleet, FleetSettings):
         raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
     elif workers == 1:
-        logger.warning("[ray-ormas] fleet health compares the ranks with each other; with num_workers=1 there is "
+        logger.warning("[ray-ormas] fleet health compares the ranks with each other; with one worker there is "
                        "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)")
         return None
     if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:

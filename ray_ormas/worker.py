@@ -53,6 +53,7 @@ from .compat import check_metrics_file, flush_metrics, monitor_class
 from .config import DEFAULT_MONITOR_NAME, MonitorSettings, check_monitor_name
 from .fleet_probe import RankProbe
 from .ledger import RANK_KEY, Arrival, meet
+from .ledger_callback import LedgerCallback
 from .micro_steps import MicroStepLosses
 from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
@@ -82,6 +83,7 @@ class WorkerPlan:
     fleet: bool = False                         # every rank sends fleet facts at every check
     sync_batchnorm: bool = False
     batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
+    local: bool = False                         # Ray Train's local mode: the loop runs in the driver
 
 
 def _session(what: str) -> WorkerSession:
@@ -433,7 +435,12 @@ class WorkerSession:
         self.reports += 1
         if checkpoint is not None and is_temporary(checkpoint):
             kwargs.setdefault("delete_local_checkpoint_after_upload", True)     # rank 0's disk stays clean
+        self._ray_report(payload, checkpoint, **kwargs)
+
+    def _ray_report(self, payload: dict[str, Any], checkpoint: ray.train.Checkpoint | None, **kwargs: Any) -> None:
         ray.train.report(payload, checkpoint=checkpoint, **kwargs)
+        if self.plan.local:         # no controller calls the ledger's callback: do what it would
+            LedgerCallback(self.plan.ledger, self.plan.tracked).after_report(None, [payload], checkpoint)
 
     def finish(self) -> None:
         """The loop returned on this rank: meet the others, close the monitors, report once more."""
@@ -456,7 +463,7 @@ class WorkerSession:
             logger.warning("[ray-ormas] warning: ranks ran different numbers of monitor steps %s; the record follows "
                            "rank 0, and the replicas may have diverged", final["ormas/steps_per_rank"])
         self.reports += 1
-        ray.train.report(final, checkpoint=None)
+        self._ray_report(final, None)
 
     def abort(self) -> None:
         """The loop raised on this rank: close every monitor while the exception propagates.

@@ -412,3 +412,56 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
 def failing_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A loss for `ray-ormas train` that fails: the CLI must exit 1 with the error."""
     raise RuntimeError("loss function failed on purpose")
+
+
+def passthrough_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """What the TorchTrainer arguments a RayOrmasTrainer passes through look like from a worker:
+    the rows of the `train` dataset (unsplit, by the dataset config); then a monitored step and a
+    checkpoint reported for validation."""
+    import tempfile
+    ctx = ray.train.get_context()
+    rows = sum(len(batch["x"]) for batch in ray.train.get_dataset_shard("train").iter_batches(batch_size=4))
+    torch.manual_seed(0)
+    model = ray_ormas.prepare_model(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = ray_ormas.monitor(model, opt)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    mon.step(loss)
+    opt.step()
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if ctx.get_world_rank() == 0:
+            torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+            checkpoint = ray.train.Checkpoint.from_directory(d)
+        ray_ormas.report({"loss": float(loss.detach())}, checkpoint=checkpoint, validation=checkpoint is not None)
+    return {"rows": rows}
+
+
+def validate_checkpoint(checkpoint: ray.train.Checkpoint) -> dict[str, float]:
+    """A validation function for `ValidationConfig`: the checkpoint holds the model."""
+    with checkpoint.as_directory() as d:
+        return {"validated_params": float(sum(t.numel() for t in torch.load(os.path.join(d, "model.pt")).values()))}
+
+
+def local_mode_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """Ray Train's local mode: this runs in the driver's process. Digits CNN, a report, and a
+    raise at `raise_at` (the loop's own error) if given."""
+    x, y, _, _ = load_digits(0)
+    torch.manual_seed(0)
+    net = DigitsCNN()
+    lesion(net)
+    model = ray_ormas.prepare_model(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = ray_ormas.monitor(model, opt)
+    for step in range(config["steps"]):
+        if step == config.get("raise_at"):
+            raise ValueError(f"the loop failed on purpose at step {step}")
+        loss = F.cross_entropy(model(x[step * 16:(step + 1) * 16]), y[step * 16:(step + 1) * 16])
+        opt.zero_grad()
+        loss.backward()
+        mon.step(loss)
+        opt.step()
+    ray_ormas.report({"last_loss": float(loss.detach())})
+    return {"pid": os.getpid(), "world_size": ray.train.get_context().get_world_size()}

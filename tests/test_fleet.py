@@ -164,7 +164,7 @@ def test_fleet_options_are_checked_by_the_trainer_on_the_driver(caplog):
                         scaling_config=ScalingConfig(num_workers=2))
     with caplog.at_level(logging.WARNING, logger="ray_ormas"):
         t = RayOrmasTrainer(digits_loop, fleet=FleetSettings(slow_checks=5), scaling_config=ScalingConfig(num_workers=1))
-    assert t.fleet is None and "with num_workers=1 there is nothing to compare" in caplog.text
+    assert t.fleet is None and "with one worker there is nothing to compare" in caplog.text
     assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=1)).fleet is None
     assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=3)).fleet == FleetSettings()
 
