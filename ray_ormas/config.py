@@ -1,33 +1,35 @@
 """Frozen, validated settings that travel from the driver to every worker.
 
 `MonitorSettings` holds what ray-ormas needs to build the same `ormas_monitor.Monitor` on every
-rank and to report its record: the repair mode, the monitor's thresholds (ormas-monitor's own
-`MonitorConfig`, validated by ormas-monitor itself), the layer filter, and the reporting cadence.
-Everything is checked on construction, on the driver, so a bad option fails before any Ray
-worker starts.
+rank and to report its record: the repair mode, the check interval and the monitor's other
+thresholds (checked by ormas-monitor's own `MonitorConfig`), the layer filter, what rank 0
+prints, and the reporting cadence. `BatchSize` says what a batch size means. Both are pydantic
+dataclasses (options.py): the YAML config's `monitor:` and `train.batch:` sections are these
+classes, so Python and YAML share fields, defaults and checks. Everything is checked on
+construction, on the driver, so a bad option fails before any Ray worker starts.
 
-    settings = MonitorSettings(repair=True, config=MonitorConfig(check_every=20))
-    settings = MonitorSettings.build(repair=True, check_every=20)   # keyword shortcuts
+    settings = MonitorSettings(repair=True, check_every=20, thresholds={"patience": 2})
+    settings = MonitorSettings.build(repair=True, monitor_config=MonitorConfig(check_every=20))
 
 `STRATEGIES` are the parallel strategies `ray.train.torch.prepare_model` knows.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import dataclasses
 from typing import Any, Literal, Sequence
 
 from ormas_monitor import MonitorConfig
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass
+
+from .options import SETTINGS_CONFIG, build
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 RepairMode = bool | Literal["all"]
 
 DEFAULT_MONITOR_NAME = "model"
 DEFAULT_SYNC_TIMEOUT_S = 900.0
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+DEFAULT_CHECK_EVERY = MonitorConfig().check_every
 
 
 def check_strategy(strategy: Any) -> str:
@@ -46,17 +48,19 @@ def check_monitor_name(name: Any) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS_CONFIG)
 class MonitorSettings:
-    """How every rank builds and reports its monitor.
+    """How every rank builds and reports its monitor (the YAML config's `monitor:` section).
 
-    Args:
+    Attributes:
         repair: False (watch only), True (repair certified, constant and decayed channels), or
             "all" (ormas-monitor then also names silent channels; under DDP it does not repair
             them, because activations differ between ranks).
-        config: ormas-monitor's `MonitorConfig` (check_every, patience, repair_seed, ...).
-        layers: fnmatch pattern(s) on module names; only matching layers are monitored.
-        verbose: rank 0 prints the monitor's events as they happen.
+        check_every: optimizer steps between checks.
+        thresholds: ormas-monitor's other `MonitorConfig` fields (patience, sigma, warmup, ...),
+            checked by `MonitorConfig` itself; `config` is the resulting `MonitorConfig`.
+        layers: fnmatch patterns on module names; only matching layers are monitored.
+        verbose: rank 0 prints the monitor's own event lines as they happen.
         progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
         report_every: also call `ray.train.report` every this many checks, on every rank
             (None: only with the user's own `ray_ormas.report` calls and once at the end).
@@ -65,52 +69,72 @@ class MonitorSettings:
             before failing with an error that names the missing ranks (instead of hanging).
     """
 
-    repair: RepairMode = False
-    config: MonitorConfig = field(default_factory=MonitorConfig)
-    layers: tuple[str, ...] | None = None
-    verbose: bool = True
-    report_every: int | None = None
-    sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S
-    progress: bool = False
+    repair: RepairMode = Field(False, description="false: watch only; true: repair certified, constant and decayed "
+                                                  "channels; `all`: see ormas-monitor")
+    check_every: int = Field(DEFAULT_CHECK_EVERY, ge=1, description="optimizer steps between checks")
+    thresholds: dict[str, Any] = Field(default_factory=dict, description="other `ormas_monitor.MonitorConfig` fields "
+                                                                         "(patience, sigma, warmup, ...)")
+    layers: tuple[str, ...] | None = Field(None, min_length=1, description="fnmatch patterns of the layers to "
+                                                                          "monitor (null: all)")
+    verbose: bool = Field(True, description="rank 0 prints ormas-monitor's own event lines")
+    progress: bool = Field(True, description="rank 0 prints one line per check")
+    report_every: int | None = Field(None, ge=1, description="also report every N checks (a barrier each time; "
+                                                             "null: only the loop's own reports and the end)")
+    sync_timeout_s: float = Field(DEFAULT_SYNC_TIMEOUT_S, gt=0, allow_inf_nan=False,
+                                  description="seconds ranks wait for each other at a report")
 
-    def __post_init__(self) -> None:
-        if self.repair is not False and self.repair is not True and self.repair != "all":
-            raise ValueError(f"repair must be False (watch only), True (repair certified, constant and decayed "
-                             f"channels) or 'all', got {self.repair!r}")
-        if not isinstance(self.config, MonitorConfig):
-            raise TypeError(f"monitor_config must be an ormas_monitor.MonitorConfig, got "
-                            f"{type(self.config).__name__}; build one with MonitorConfig(check_every=..., ...)")
-        if self.layers is not None:
-            layers = (self.layers,) if isinstance(self.layers, str) else self.layers
-            if not isinstance(layers, (tuple, list)) or not layers or \
-                    not all(isinstance(p, str) and p for p in layers):
-                raise ValueError(f"layers must be an fnmatch pattern such as 'conv*' or a non-empty list of them, "
-                                 f"got {self.layers!r}")
-            object.__setattr__(self, "layers", tuple(layers))
-        for flag in ("verbose", "progress"):
-            if not isinstance(getattr(self, flag), bool):
-                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if self.report_every is not None and (not _is_int(self.report_every) or self.report_every < 1):
-            raise ValueError(f"report_every must be None or an int >= 1 (checks between reports), "
-                             f"got {self.report_every!r}")
-        t = self.sync_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"sync_timeout_s must be a number of seconds > 0, got {t!r}")
+    @field_validator("repair", mode="plain")
+    @classmethod
+    def _repair_mode(cls, value: Any) -> RepairMode:
+        if value is True or value is False or value == "all":
+            return value
+        raise ValueError(f"repair must be False (watch only), True (repair certified, constant and decayed "
+                         f"channels) or 'all', got {value!r}")
+
+    @field_validator("layers")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not all(value):
+            raise ValueError(f"layers must be fnmatch patterns such as 'conv*', got {list(value)!r}")
+        return value
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "check_every" in value:
+            raise ValueError("set check_every itself, not thresholds.check_every")
+        try:
+            MonitorConfig(**value)
+        except TypeError as e:
+            raise ValueError(f"{e}; the fields are {sorted(MonitorConfig().to_dict())}") from None
+        return value
+
+    @property
+    def config(self) -> MonitorConfig:
+        """ormas-monitor's `MonitorConfig`: `thresholds` and `check_every`."""
+        return MonitorConfig(**self.thresholds, check_every=self.check_every)
 
     @classmethod
     def build(cls, *, repair: RepairMode = False, check_every: int | None = None,
               monitor_config: MonitorConfig | None = None, layers: str | Sequence[str] | None = None,
               verbose: bool = True, report_every: int | None = None,
-              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = False) -> MonitorSettings:
-        """Settings from the trainer's keyword options; `check_every` overrides the config's."""
+              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = True) -> MonitorSettings:
+        """Settings from the trainer's keyword options: `monitor_config` gives the thresholds,
+        `check_every` overrides its interval; an error is an `OptionError` naming the option."""
         if monitor_config is not None and not isinstance(monitor_config, MonitorConfig):
             raise TypeError(f"monitor_config must be an ormas_monitor.MonitorConfig, got "
-                            f"{type(monitor_config).__name__}")
-        config = monitor_config or MonitorConfig()
-        if check_every is not None:
-            config = config.replace(check_every=check_every)     # MonitorConfig validates it
-        return cls(repair=repair, config=config, layers=layers, verbose=verbose,  # type: ignore[arg-type]
-                   report_every=report_every, sync_timeout_s=sync_timeout_s, progress=progress)
+                            f"{type(monitor_config).__name__}; build one with MonitorConfig(check_every=..., ...)")
+        defaults = MonitorConfig().to_dict()
+        given = monitor_config.to_dict() if monitor_config is not None else defaults
+        thresholds = {k: v for k, v in given.items() if k != "check_every" and v != defaults[k]}
+        if check_every is None:
+            check_every = given["check_every"]
+        if isinstance(layers, str):
+            layers = (layers,)
+        elif isinstance(layers, list):
+            layers = tuple(layers)
+        return build(cls, "", repair=repair, check_every=check_every, thresholds=thresholds, layers=layers,
+                     verbose=verbose, progress=progress, report_every=report_every, sync_timeout_s=sync_timeout_s)
 
     def monitor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `ormas_monitor.Monitor`, identical on every rank."""
@@ -119,16 +143,18 @@ class MonitorSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every setting (the MonitorConfig as its own dict)."""
-        return {"repair": self.repair, "config": self.config.to_dict(),
-                "layers": list(self.layers) if self.layers is not None else None, "verbose": self.verbose,
-                "report_every": self.report_every, "sync_timeout_s": self.sync_timeout_s, "progress": self.progress}
+        out = dataclasses.asdict(self)
+        out["layers"] = list(self.layers) if self.layers is not None else None
+        out["config"] = self.config.to_dict()
+        return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS_CONFIG)
 class BatchSize:
-    """What a batch size means, said once (SR-Forge's guide asks it: per rank, or global?).
+    """What a batch size means, said once (SR-Forge's guide asks it: per rank, or global?); the
+    YAML config's `train.batch:` section.
 
-    Args:
+    Attributes:
         size: the batch size, per rank or global as `per` says.
         per: "rank" (each rank loads `size` samples per micro-batch) or "global" (the whole
             optimizer step sees `size` samples: split over ranks and accumulation steps).
@@ -140,18 +166,11 @@ class BatchSize:
     goes to MLflow params, every segment's `segment.json` and the reports (`ormas/effective_batch`).
     """
 
-    size: int
-    per: Literal["rank", "global"] = "rank"
-    accumulation: int = 1
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.size) or self.size < 1:
-            raise ValueError(f"BatchSize.size must be an int >= 1, got {self.size!r}")
-        if self.per not in ("rank", "global"):
-            raise ValueError(f"BatchSize.per must be 'rank' or 'global', got {self.per!r}")
-        if not _is_int(self.accumulation) or self.accumulation < 1:
-            raise ValueError(f"BatchSize.accumulation must be an int >= 1 (micro-batches per optimizer step), "
-                             f"got {self.accumulation!r}")
+    size: int = Field(ge=1, description="samples per batch: per rank or global, as `per` says")
+    per: Literal["rank", "global"] = Field("rank", description="`rank`: each rank loads `size`; `global`: the whole "
+                                                               "optimizer step sees `size`, split over ranks and "
+                                                               "accumulation steps")
+    accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step (gradient accumulation)")
 
     def per_rank(self, world_size: int) -> int:
         """Samples each rank loads per micro-batch; a global size must split evenly."""

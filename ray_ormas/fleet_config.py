@@ -9,9 +9,13 @@ settings only switch it on through the environment variables Ray reads on the dr
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass
+
+from .options import SETTINGS_CONFIG
 
 HangDetector = Literal["off", "observe", "fail"]
 HANG_DETECTOR_MODES: tuple[str, ...] = ("off", "observe", "fail")
@@ -20,23 +24,18 @@ HANG_ACTION_ENV = "RAY_TRAIN_NCCL_RAS_ACTION"
 HANG_CONFIRM_ENV = "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS_CONFIG)
 class FleetSettings:
-    """Every rank's facts at every check, turned into scores and alarms on the head node.
+    """Every rank's facts at every check, turned into scores and alarms on the head node (the
+    YAML config's `fleet:` section).
 
-    Args:
+    Attributes:
+        enabled: fleet health at all (`RayOrmasTrainer(fleet=False)` is the same as
+            `FleetSettings(enabled=False)`); it is off by itself with a single worker.
         slow_score: a rank is slow at a check when its straggler score (the fleet's median busy
             time over its own, 1 = as fast as the others) is below this; 0 < slow_score < 1.
         slow_checks: ... and the straggler alarm fires when it has been slow for this many
-            checks in a row (N); an int >= 1.
+            checks in a row (N); the episode ends after N checks in a row that are not slow.
         min_excess: ... and only when its extra busy time is at least this fraction of the
             fleet's median step time, so that microsecond noise never alarms; 0 <= min_excess < 1.
         divergence: compare the DDP replicas' parameter digests at every check (under FSDP each
@@ -51,37 +50,31 @@ class FleetSettings:
             default, 600 s).
     """
 
-    slow_score: float = 0.5
-    slow_checks: int = 3
-    min_excess: float = 0.1
-    divergence: bool = True
-    ray_metrics: bool = True
-    mlflow_ranks: int = 64
-    nccl_hang_detector: HangDetector = "off"
-    nccl_hang_confirm_s: float | None = None
+    enabled: bool = Field(True, description="fleet health (with more than one worker): every rank's timings, loss, "
+                                            "non-finite values and parameter digest at every check")
+    slow_score: float = Field(0.5, gt=0, lt=1, description="a rank is slow when its straggler score is below this")
+    slow_checks: int = Field(3, ge=1, description="slow checks in a row before the straggler alarm (and checks in "
+                                                  "a row not slow before it ends)")
+    min_excess: float = Field(0.1, ge=0, lt=1, description="the least extra busy time that counts as slow, as a "
+                                                           "fraction of the fleet's median step time")
+    divergence: bool = Field(True, description="compare the DDP replicas' parameter digests at every check")
+    ray_metrics: bool = Field(True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)")
+    mlflow_ranks: int = Field(64, ge=0, description="log per-rank scores to MLflow for at most this many ranks")
+    nccl_hang_detector: HangDetector = Field("off", description="Ray Train's NCCL hang detector (GPU workers): "
+                                                                "`fail` ends the group with NCCLHangError, recorded "
+                                                                "in the fleet record")
+    nccl_hang_confirm_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="seconds a hang lasts "
+                                              "before Ray confirms it (null: Ray's default, 600)")
 
-    def __post_init__(self) -> None:
-        if not _is_number(self.slow_score) or not 0 < self.slow_score < 1:
-            raise ValueError(f"fleet slow_score must be a number between 0 and 1 (exclusive; a rank is slow when "
-                             f"its straggler score is below it, e.g. 0.7), got {self.slow_score!r}")
-        if not _is_int(self.slow_checks) or self.slow_checks < 1:
-            raise ValueError(f"fleet slow_checks must be an int >= 1 (checks a rank must stay slow before the "
-                             f"straggler alarm fires), got {self.slow_checks!r}")
-        if not _is_number(self.min_excess) or not 0 <= self.min_excess < 1:
-            raise ValueError(f"fleet min_excess must be a number in [0, 1) (the smallest extra busy time that "
-                             f"counts as slow, as a fraction of the fleet's median step time), got "
-                             f"{self.min_excess!r}")
-        for flag in ("divergence", "ray_metrics"):
-            if not isinstance(getattr(self, flag), bool):
-                raise TypeError(f"fleet {flag} must be True or False, got {getattr(self, flag)!r}")
-        if not _is_int(self.mlflow_ranks) or self.mlflow_ranks < 0:
-            raise ValueError(f"fleet mlflow_ranks must be an int >= 0, got {self.mlflow_ranks!r}")
-        if self.nccl_hang_detector not in HANG_DETECTOR_MODES:
-            raise ValueError(f"fleet nccl_hang_detector must be one of {', '.join(map(repr, HANG_DETECTOR_MODES))}, "
-                             f"got {self.nccl_hang_detector!r}")
-        t = self.nccl_hang_confirm_s
-        if t is not None and (not _is_number(t) or t <= 0):
-            raise ValueError(f"fleet nccl_hang_confirm_s must be None or a number of seconds > 0, got {t!r}")
+    @field_validator("nccl_hang_detector", mode="before")
+    @classmethod
+    def _yaml_off_is_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false and `on` as true.
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("`on` is not a mode: use 'observe' (log a hang) or 'fail' (end the group)")
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -30,9 +30,12 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
-from ormas_monitor import MonitorConfig
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator, \
     model_validator
+
+from .config import BatchSize, MonitorSettings
+from .fleet_config import FleetSettings
+from .tracking import MLflowSettings
 
 TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -91,17 +94,9 @@ class OptimizerSection(Section):
         return value
 
 
-class BatchSection(Section):
-    size: PositiveInt = Field(description="samples per batch: per rank or global, as `per` says")
-    per: Literal["rank", "global"] = Field("rank", description="`rank`: each rank loads `size`; `global`: the "
-                                                               "whole optimizer step sees `size`, split over ranks "
-                                                               "and accumulation steps")
-    accumulation: PositiveInt = Field(1, description="micro-batches per optimizer step (gradient accumulation)")
-
-
 class TrainSection(Section):
     epochs: PositiveInt = Field(description="passes over the training data")
-    batch: BatchSection = Field(description="batch size and its meaning")
+    batch: BatchSize = Field(description="batch size and its meaning")
     seed: int = Field(0, description="torch seed (model initialisation, shuffling)")
     loss: str = Field("cross_entropy", description="a function of `torch.nn.functional`, or `module:function` "
                                                    "called as `loss(outputs, targets)`")
@@ -129,80 +124,6 @@ class ScalingSection(Section):
     use_gpu: bool = Field(False, description="one GPU per worker")
     resources_per_worker: dict[str, float] = Field(default_factory=dict,
                                                    description="e.g. {CPU: 4, GPU: 1}; Ray's defaults if empty")
-
-
-class MonitorSection(Section):
-    repair: bool | Literal["all"] = Field(False, description="false: watch only; true: repair certified, constant "
-                                                             "and decayed channels; `all`: see ormas-monitor")
-    check_every: PositiveInt = Field(50, description="optimizer steps between checks")
-    layers: list[str] | None = Field(None, description="fnmatch patterns of the layers to monitor (null: all)")
-    verbose: bool = Field(False, description="rank 0 also prints ormas-monitor's own event lines")
-    progress: bool = Field(True, description="rank 0 prints one line per check")
-    report_every: PositiveInt | None = Field(None, description="also report every N checks (a barrier each "
-                                                               "time; null: only at epoch ends)")
-    sync_timeout_s: PositiveFloat = Field(900.0, description="seconds ranks wait for each other at a report")
-    thresholds: dict[str, Any] = Field(default_factory=dict, description="other `ormas_monitor.MonitorConfig` "
-                                                                         "fields (patience, sigma, warmup, ...)")
-
-    @field_validator("thresholds")
-    @classmethod
-    def _thresholds(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if "check_every" in value:
-            raise ValueError("set monitor.check_every, not monitor.thresholds.check_every")
-        try:
-            MonitorConfig(**value)
-        except TypeError as e:
-            raise ValueError(f"{e}; the fields are {sorted(MonitorConfig().to_dict())}") from None
-        return value
-
-    def monitor_config(self) -> MonitorConfig:
-        return MonitorConfig(**self.thresholds, check_every=self.check_every)
-
-
-class MLflowSection(Section):
-    enabled: bool = Field(True, description="track the run in MLflow")
-    tracking_uri: str | None = Field(None, description="null: $MLFLOW_TRACKING_URI, else an embedded SQLite store "
-                                                       "in the run folder")
-    experiment: str = Field("ray-ormas", description="MLflow experiment name")
-    run_name: str | None = Field(None, description="MLflow run name (null: the run's name)")
-    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags")
-    run_id: str | None = Field(None, description="continue this existing MLflow run instead of creating one")
-    request_timeout_s: float = Field(5.0, gt=0, description="each tracking request gives up after this long "
-                                                            "(the head node then holds the rows and retries)")
-    log_checkpoints: Literal["none", "last", "best", "all"] = Field("none", description="reported checkpoints "
-                                                                    "uploaded as MLflow artifacts")
-    checkpoint_metric: str | None = Field(None, description="the reported metric that ranks checkpoints for "
-                                                            "`log_checkpoints: best`")
-    checkpoint_mode: Literal["min", "max"] = Field("min", description="`min` or `max` of `checkpoint_metric`")
-    max_pending: int = Field(100_000, ge=1000, description="metric values held on the head node while MLflow is "
-                                                           "down (the record keeps all)")
-
-
-class FleetSection(Section):
-    enabled: bool = Field(True, description="fleet health (with more than one worker): every rank's timings, loss, "
-                                            "non-finite values and parameter digest at every check")
-    slow_score: float = Field(0.5, gt=0, lt=1, description="a rank is slow when its straggler score is below this")
-    slow_checks: int = Field(3, ge=1, description="slow checks in a row before the straggler alarm")
-    min_excess: float = Field(0.1, ge=0, lt=1, description="the least extra busy time that counts as slow, as a "
-                                                           "fraction of the fleet's median step time")
-    divergence: bool = Field(True, description="compare the DDP replicas' parameter digests at every check")
-    ray_metrics: bool = Field(True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)")
-    mlflow_ranks: int = Field(64, ge=0, description="log per-rank scores to MLflow for at most this many ranks")
-    nccl_hang_detector: Literal["off", "observe", "fail"] = Field("off", description="Ray Train's NCCL hang "
-                                                                  "detector (GPU workers): `fail` ends the group "
-                                                                  "with NCCLHangError, recorded in the fleet record")
-    nccl_hang_confirm_s: float | None = Field(None, gt=0, description="seconds a hang lasts before Ray confirms it "
-                                                                      "(null: Ray's default, 600)")
-
-    @field_validator("nccl_hang_detector", mode="before")
-    @classmethod
-    def _yaml_off_is_false(cls, value: Any) -> Any:
-        # YAML 1.1 reads a bare `off` as false and `on` as true.
-        if value is False:
-            return "off"
-        if value is True:
-            raise ValueError("`on` is not a mode: use `observe` (log a hang) or `fail` (end the group)")
-        return value
 
 
 class StorageSection(Section):
@@ -235,12 +156,20 @@ class JobConfig(Section):
                                                                              "fully_shard (e.g. shard_modules: "
                                                                              "'blocks.*')")
     scaling: ScalingSection = Field(default_factory=ScalingSection, description="workers and resources")
-    monitor: MonitorSection = Field(default_factory=MonitorSection, description="the ormas monitor")
-    mlflow: MLflowSection = Field(default_factory=MLflowSection, description="MLflow tracking")
-    fleet: FleetSection = Field(default_factory=FleetSection, description="fleet health: stragglers, divergence, "
-                                                                          "non-finite values, per rank")
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings, description="the ormas monitor "
+                                                                                  "(`ray_ormas.MonitorSettings`)")
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings, description="MLflow tracking "
+                                                                               "(`ray_ormas.MLflowSettings`)")
+    fleet: FleetSettings = Field(default_factory=FleetSettings, description="fleet health: stragglers, divergence, "
+                                                                            "non-finite values, per rank "
+                                                                            "(`ray_ormas.FleetSettings`)")
     storage: StorageSection = Field(default_factory=StorageSection, description="where the run persists")
     failure: FailureSection = Field(default_factory=FailureSection, description="restarts")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> JobConfig:
+        """Validate a parsed YAML config: the settings classes in lax mode, which takes YAML's types."""
+        return cls.model_validate(raw, strict=False)
 
     @model_validator(mode="after")
     def _loop_or_model_and_data(self) -> JobConfig:
@@ -268,7 +197,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
     for item in overrides:
         apply_override(raw, item)
     try:
-        return JobConfig.model_validate(raw)
+        return JobConfig.from_dict(raw)
     except ValidationError as e:
         raise ConfigError(describe(e, str(path))) from None
 
@@ -299,7 +228,7 @@ def describe(error: ValidationError, source: str) -> str:
     for e in error.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         message = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             message = "unknown key (check the spelling; `ray-ormas train --help` lists the sections)"
         lines.append(f"  {where}: {message}")
     return "\n".join(lines)
@@ -312,7 +241,7 @@ def schema_reference() -> str:
     def section(model: type[BaseModel], prefix: str) -> None:
         rows = []
         nested = []
-        for name, field in model.model_fields.items():
+        for name, field in _fields(model).items():
             ann = field.annotation
             sub = _section_type(ann)
             if sub is not None and sub is not Factory:
@@ -334,18 +263,29 @@ def schema_reference() -> str:
     return "\n".join(out).strip() + "\n"
 
 
-def _section_type(ann: Any) -> type[BaseModel] | None:
+def _is_section(c: Any) -> bool:
+    """A BaseModel or a pydantic dataclass (the settings classes)."""
+    return isinstance(c, type) and (issubclass(c, BaseModel) or hasattr(c, "__pydantic_fields__"))
+
+
+def _fields(model: type) -> dict[str, Any]:
+    return model.model_fields if issubclass(model, BaseModel) else model.__pydantic_fields__
+
+
+def _section_type(ann: Any) -> type | None:
     candidates = [ann, *getattr(ann, "__args__", ())]
     for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
+        if _is_section(c):
             return c
     return None
 
 
 def _default(field: Any) -> str:
     value = field.get_default(call_default_factory=True)
-    if isinstance(value, BaseModel):
+    if _is_section(type(value)):
         return "(section)"
+    if isinstance(value, tuple):
+        value = list(value)
     return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
 
 
@@ -361,9 +301,9 @@ def _type_name(ann: Any) -> str:
         return _type_name(args[0])
     if origin is dict:
         return "mapping"
-    if origin is list:
+    if origin in (list, tuple):
         return f"list of {_type_name(args[0])}"
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
+    if _is_section(ann):
         return "factory" if ann is Factory else "section"
     return getattr(ann, "__name__", str(ann))
 

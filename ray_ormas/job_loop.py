@@ -31,7 +31,7 @@ from .worker import batch_size, monitor, prepare_model, report
 
 
 def supervised_loop(config: dict[str, Any]) -> dict[str, Any]:
-    job = JobConfig.model_validate(config)
+    job = JobConfig.from_dict(config)
     torch.manual_seed(job.train.seed)
     device = ray.train.torch.get_device()
     datasets = job.data.build()

@@ -24,8 +24,12 @@ import numbers
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from .options import SETTINGS_CONFIG
 
 PARAM_VALUE_LIMIT = 6000        # MLflow's limit on a param value (characters)
 PARAM_KEY_LIMIT = 250
@@ -45,11 +49,13 @@ _USERINFO = re.compile(r"(?<=://)[^/@]+@")
 _METRIC_NAME = re.compile(r"^[/\w.\- :]{1,250}$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS_CONFIG)
 class MLflowSettings:
-    """Where and how the fit's MLflow run is tracked.
+    """Where and how the fit's MLflow run is tracked (the YAML config's `mlflow:` section).
 
-    Args:
+    Attributes:
+        enabled: track the run in MLflow (`RayOrmasTrainer(mlflow=False)` is the same as
+            `MLflowSettings(enabled=False)`).
         tracking_uri: the tracking server or store. None: `MLFLOW_TRACKING_URI` if set (on the
             driver), else an embedded SQLite store in the run directory (`<run dir>/mlflow/mlflow.db`).
         experiment_name: created if missing. Default "ray-ormas".
@@ -68,49 +74,40 @@ class MLflowSettings:
             loop metrics' journal) when the tracker answers again.
     """
 
-    tracking_uri: str | None = None
-    experiment_name: str = DEFAULT_EXPERIMENT
-    run_name: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-    run_id: str | None = None
-    request_timeout_s: float = 5.0
-    log_checkpoints: str = "none"
-    checkpoint_metric: str | None = None
-    checkpoint_mode: str = "min"
-    max_pending: int = DEFAULT_MAX_PENDING
+    enabled: bool = Field(True, description="track the run in MLflow")
+    tracking_uri: str | None = Field(None, min_length=1, description="null: $MLFLOW_TRACKING_URI, else an embedded "
+                                                                      "SQLite store in the run folder")
+    experiment_name: str = Field(DEFAULT_EXPERIMENT, min_length=1, description="MLflow experiment name")
+    run_name: str | None = Field(None, min_length=1, description="MLflow run name (null: the run's name)")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags")
+    run_id: str | None = Field(None, min_length=1, description="continue this existing MLflow run instead of "
+                                                              "creating one")
+    request_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="each tracking request gives up "
+                                     "after this long (the head node then holds the rows and retries)")
+    log_checkpoints: Literal["none", "last", "best", "all"] = Field(
+        "none", description="reported checkpoints uploaded as MLflow artifacts")
+    checkpoint_metric: str | None = Field(None, min_length=1, description="the reported metric that ranks "
+                                                                          "checkpoints for `log_checkpoints: best`")
+    checkpoint_mode: Literal["min", "max"] = Field("min", description="`min` or `max` of `checkpoint_metric`")
+    max_pending: int = Field(DEFAULT_MAX_PENDING, ge=1000, description="metric values held on the head node while "
+                                                                       "MLflow is down (the record keeps all)")
 
-    def __post_init__(self) -> None:
-        for name in ("tracking_uri", "run_name", "run_id", "checkpoint_metric"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"MLflowSettings.{name} must be a non-empty string or None, got {v!r}")
-        if not isinstance(self.experiment_name, str) or not self.experiment_name:
-            raise ValueError(f"MLflowSettings.experiment_name must be a non-empty string, got {self.experiment_name!r}")
-        if not isinstance(self.tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                         for k, v in self.tags.items()):
-            raise ValueError(f"MLflowSettings.tags must map strings to strings, got {self.tags!r}")
-        object.__setattr__(self, "tags", dict(self.tags))
-        t = self.request_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"MLflowSettings.request_timeout_s must be a number of seconds > 0, got {t!r}")
-        if self.tracking_uri is not None and _USERINFO.search(self.tracking_uri):
-            raise ValueError("MLflowSettings.tracking_uri must not carry credentials (user:password@); set "
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is not None and _USERINFO.search(value):
+            raise ValueError("the tracking URI must not carry credentials (user:password@); set "
                              "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the "
                              "driver's environment instead")
-        if self.log_checkpoints not in CHECKPOINT_POLICIES:
-            raise ValueError(f"MLflowSettings.log_checkpoints must be one of {', '.join(map(repr, CHECKPOINT_POLICIES))} "
-                             f"(for 'best' also checkpoint_metric='<a reported metric>' and checkpoint_mode='min' or "
-                             f"'max'), got {self.log_checkpoints!r}")
-        if self.checkpoint_mode not in ("min", "max"):
-            raise ValueError(f"MLflowSettings.checkpoint_mode must be 'min' or 'max', got {self.checkpoint_mode!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _best_needs_a_metric(self) -> MLflowSettings:
         if self.log_checkpoints == "best" and self.checkpoint_metric is None:
-            raise ValueError("MLflowSettings(log_checkpoints='best') needs checkpoint_metric='<a metric the loop "
-                             "reports with its checkpoints>' (and checkpoint_mode='min' or 'max'); or use "
-                             "log_checkpoints='last' or 'all'")
-        m = self.max_pending
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1000:
-            raise ValueError(f"MLflowSettings.max_pending must be an int >= 1000 (metric values held while the "
-                             f"tracker is down), got {m!r}")
+            raise ValueError("log_checkpoints='best' needs checkpoint_metric='<a metric the loop reports with its "
+                             "checkpoints>' (and checkpoint_mode='min' or 'max'); or use log_checkpoints='last' "
+                             "or 'all'")
+        return self
 
 
 def shown(uri: str) -> str:

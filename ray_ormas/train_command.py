@@ -27,13 +27,12 @@ import time
 from typing import Any
 
 from .capacity import check_capacity, per_worker
-from .config import BatchSize
 from .fleet_config import FleetSettings
 from .failures import describe_failure
 from .job_config import ConfigError, JobConfig, load_config, load_target
 from .paths import StoragePathError, resolve_location
 from .storage import RecordStorageError
-from .tracking import MLflowSettings, shown
+from .tracking import shown
 
 logger = logging.getLogger(__name__)
 
@@ -131,18 +130,9 @@ def build_trainer(job: JobConfig) -> Any:
 
     m = job.monitor
     loop = load_target(job.loop.target) if job.loop is not None else supervised_loop
-    mlflow: MLflowSettings | bool = False
-    if job.mlflow.enabled:
-        t = job.mlflow
-        with _named("mlflow"):
-            mlflow = MLflowSettings(tracking_uri=t.tracking_uri, experiment_name=t.experiment, run_name=t.run_name,
-                                    tags=dict(t.tags), run_id=t.run_id, request_timeout_s=t.request_timeout_s,
-                                    log_checkpoints=t.log_checkpoints, checkpoint_metric=t.checkpoint_metric,
-                                    checkpoint_mode=t.checkpoint_mode, max_pending=t.max_pending)
-    fleet: FleetSettings | bool = job.fleet.enabled
-    if job.fleet.enabled and job.fleet.model_fields_set - {"enabled"}:
-        with _named("fleet"):
-            fleet = FleetSettings(**job.fleet.model_dump(exclude={"enabled"}))
+    # The config's sections are the API's own settings classes (options.py); an untouched
+    # `fleet:` stays the default, which is off by itself with one worker.
+    fleet: FleetSettings | bool = True if job.fleet == FleetSettings() else job.fleet
     with _named("scaling"):
         scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
                                 resources_per_worker=dict(job.scaling.resources_per_worker) or None)
@@ -155,10 +145,10 @@ def build_trainer(job: JobConfig) -> Any:
         run_config = RunConfig(name=job.name, storage_path=job.storage.path, failure_config=failure,
                                checkpoint_config=checkpoints)
     return RayOrmasTrainer(
-        loop, train_loop_config=job.model_dump(mode="json"), repair=m.repair, monitor_config=m.monitor_config(),
+        loop, train_loop_config=job.model_dump(mode="json"), repair=m.repair, monitor_config=m.config,
         layers=m.layers, verbose=m.verbose, progress=m.progress, report_every=m.report_every,
         sync_timeout_s=m.sync_timeout_s, record_dir=job.storage.record_dir, strategy=job.strategy,
-        sync_batchnorm=job.sync_batchnorm, batch=BatchSize(**job.train.batch.model_dump()), mlflow=mlflow,
+        sync_batchnorm=job.sync_batchnorm, batch=job.train.batch, mlflow=job.mlflow,
         fleet=fleet, scaling_config=scaling, run_config=run_config)
 
 

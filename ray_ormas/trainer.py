@@ -165,7 +165,7 @@ class RayOrmasTrainer:
                  monitor_config: MonitorConfig | None = None,
                  layers: str | Sequence[str] | None = None,
                  verbose: bool = True,
-                 progress: bool = False,
+                 progress: bool = True,
                  report_every: int | None = None,
                  sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
                  record_dir: str | os.PathLike | None = None,
@@ -215,9 +215,9 @@ class RayOrmasTrainer:
             raise ValueError("sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
                              "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself")
         if sync_batchnorm and not self.scaling_config.use_gpu:
-            raise ValueError("sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU ('SyncBatchNorm "
-                             "layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), or leave "
-                             "sync_batchnorm=False on CPU")
+            raise ValueError("sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
+                             "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
+                             "or leave sync_batchnorm=False on CPU")
         self.sync_batchnorm = sync_batchnorm
         if batch is not None and not isinstance(batch, BatchSize):
             raise TypeError(f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
@@ -239,7 +239,7 @@ class RayOrmasTrainer:
             mlflow = MLflowSettings()
         if mlflow is not False and not isinstance(mlflow, MLflowSettings):
             raise TypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
-        self.mlflow: MLflowSettings | None = mlflow or None
+        self.mlflow: MLflowSettings | None = mlflow if mlflow and mlflow.enabled else None
         if self.mlflow is not None and self.mlflow.run_id is not None:
             check_run_exists(self.mlflow, self._run_dir())
         self.fleet = _fleet_settings(fleet, self.world_size, self.scaling_config.use_gpu)
@@ -364,7 +364,7 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
     """The fit's fleet settings, or None when fleet health is off (checked on the driver)."""
     if fleet is True:
         fleet = FleetSettings() if workers > 1 else None
-    elif fleet is False:
+    elif fleet is False or isinstance(fleet, FleetSettings) and not fleet.enabled:
         return None
     elif not isinstance(fleet, FleetSettings):
         raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")

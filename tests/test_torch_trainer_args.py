@@ -84,7 +84,8 @@ import ray, ray_ormas
 from ray.train import Checkpoint
 def loop():
     pass
-for kwargs in ({{"metadata": {{"team": "vision"}}}}, {{"resume_from_checkpoint": Checkpoint.from_directory({str(tmp_path)!r})}}):
+start = Checkpoint.from_directory({str(tmp_path)!r})
+for kwargs in ({{"metadata": {{"team": "vision"}}}}, {{"resume_from_checkpoint": start}}):
     try:
         ray_ormas.RayOrmasTrainer(loop, **kwargs)
     except DeprecationWarning as e:

@@ -2,6 +2,7 @@
 written (exit 0) on the session's Ray cluster, a failing loop exits 1."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from ormas_monitor.record import verify_run
 
-from ray_ormas import cli
+from ray_ormas import BatchSize, FleetSettings, MLflowSettings, MonitorSettings, cli
 from ray_ormas.job_config import ConfigError, load_config, schema_reference
 
 from .conftest import ROOT
@@ -52,7 +53,7 @@ train: {epochs: 1, batch: {size: 32}}
 
 @pytest.mark.parametrize("body, overrides, words", [
     (MINIMAL.replace("epochs: 1", "epocs: 1"), [], ["train.epocs: unknown key", "train.epochs: Field required"]),
-    (MINIMAL, ["train.batch.size=0"], ["train.batch.size: Input should be greater than 0"]),
+    (MINIMAL, ["train.batch.size=0"], ["train.batch.size: Input should be greater than or equal to 1"]),
     (MINIMAL, ["model.target=examples.nothere:cnn"], ["model.target: cannot import module 'examples.nothere'"]),
     (MINIMAL, ["model.target=examples.digits:nothere"], ["model.target: module 'examples.digits' has no attribute"]),
     (MINIMAL, ["optimizer.name=Adamm"], ["optimizer.name: torch.optim has no optimizer 'Adamm'"]),
@@ -73,7 +74,9 @@ train: {epochs: 1, batch: {size: 32}}
     (MINIMAL, ["storage.record_dir=/no/such/parent/records"], ["storage.record_dir: '/no/such/parent/records'"]),
     (MINIMAL, ["scaling.resources_per_worker={GPU: 1}"], ["scaling: `use_gpu` is False but `GPU` was found"]),
     (MINIMAL, ["mlflow.log_checkpoints=bestest"], ["mlflow.log_checkpoints: Input should be 'none', 'last', 'best'"]),
-    (MINIMAL, ["mlflow.log_checkpoints=best"], ["mlflow: MLflowSettings(log_checkpoints='best') needs checkpoint_metric"]),
+    (MINIMAL, ["mlflow.log_checkpoints=best"], ["mlflow: log_checkpoints='best' needs checkpoint_metric"]),
+    (MINIMAL, ["mlflow.experiment=e"], ["mlflow.experiment: unknown key"]),
+    (MINIMAL, ["fleet.nccl_hang_detector=on"], ["fleet.nccl_hang_detector: `on` is not a mode"]),
     (MINIMAL, ["mlflow.max_pending=5"], ["mlflow.max_pending: Input should be greater than or equal to 1000"]),
     ("- a list\n", [], ["must hold a mapping of sections"]),
     ("name: [unclosed\n", [], ["is not valid YAML"]),
@@ -88,16 +91,66 @@ def test_config_errors_exit_2_naming_the_key_before_ray_starts(console, tmp_path
     assert ray.is_initialized() == was_running
 
 
-def test_every_mlflow_key_reaches_the_trainer(tmp_path):
+# Every field of every settings class, set to a value other than its default: (YAML value, Python value).
+NOT_DEFAULT = {
+    MonitorSettings: {"repair": ("all", "all"), "check_every": (7, 7), "thresholds": ({"patience": 2}, {"patience": 2}),
+                      "layers": (["conv*", "fc"], ("conv*", "fc")), "verbose": (False, False),
+                      "progress": (False, False), "report_every": (3, 3), "sync_timeout_s": (60.5, 60.5)},
+    MLflowSettings: {"enabled": (True, True), "tracking_uri": ("sqlite:///m.db", "sqlite:///m.db"),
+                     "experiment_name": ("e", "e"), "run_name": ("r", "r"), "tags": ({"a": "b"}, {"a": "b"}),
+                     "run_id": (None, None), "request_timeout_s": (2.5, 2.5), "log_checkpoints": ("best", "best"),
+                     "checkpoint_metric": ("val_loss", "val_loss"), "checkpoint_mode": ("max", "max"),
+                     "max_pending": (5000, 5000)},
+    FleetSettings: {"enabled": (True, True), "slow_score": (0.7, 0.7), "slow_checks": (5, 5), "min_excess": (0.2, 0.2),
+                    "divergence": (False, False), "ray_metrics": (False, False), "mlflow_ranks": (8, 8),
+                    "nccl_hang_detector": ("observe", "observe"), "nccl_hang_confirm_s": (120, 120.0)},
+    BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},
+}
+SECTION = {MonitorSettings: "monitor", MLflowSettings: "mlflow", FleetSettings: "fleet", BatchSize: "train.batch"}
+
+
+def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(tmp_path):
+    """One options model: each YAML section is the Python API's settings class, with its defaults;
+    a config that sets every field gives the trainer exactly what the same Python options give."""
+    from ray.train import ScalingConfig
+
+    from ray_ormas import RayOrmasTrainer
+    from ray_ormas.job_config import JobConfig
     from ray_ormas.train_command import build_trainer
-    keys = {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}", "experiment": "e", "run_name": "r", "tags": {"a": "b"},
-            "request_timeout_s": 2.5, "log_checkpoints": "best", "checkpoint_metric": "val_loss",
-            "checkpoint_mode": "max", "max_pending": 5000}
-    job = load_config(write(tmp_path, MINIMAL + f"storage: {{path: {tmp_path}}}\n"),
-                      [f"mlflow.{k}={json.dumps(v)}" for k, v in keys.items()])
-    s = build_trainer(job).mlflow
-    assert (s.tracking_uri, s.experiment_name, s.run_name, s.tags, s.request_timeout_s, s.log_checkpoints,
-            s.checkpoint_metric, s.checkpoint_mode, s.max_pending) == tuple(keys.values())
+    for cls, values in NOT_DEFAULT.items():
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert sorted(values) == sorted(names), f"{cls.__name__}: a field is missing here"
+        if cls is not BatchSize:
+            assert JobConfig.model_fields[SECTION[cls]].annotation is cls
+            assert getattr(JobConfig.from_dict({"name": "n", "loop": {"target": "tests.loops:digits_loop"},
+                                                "train": {"epochs": 1, "batch": {"size": 1}}}), SECTION[cls]) == cls()
+        for name, (_, python) in values.items():
+            if name not in ("enabled", "run_id"):
+                assert python != getattr(cls(**({"size": 1} if cls is BatchSize else {})), name), (cls, name)
+    overrides = [f"{SECTION[cls]}.{name}={json.dumps(yaml_value)}" for cls, values in NOT_DEFAULT.items()
+                 for name, (yaml_value, _) in values.items()]
+    body = MINIMAL + f"storage: {{path: {tmp_path}}}\nscaling: {{workers: 2, use_gpu: true}}\n"
+    job = load_config(write(tmp_path, body), overrides)       # GPU workers: the hang detector needs them
+    from_yaml = build_trainer(job)
+    python = {cls: cls(**{name: value for name, (_, value) in values.items()}) for cls, values in NOT_DEFAULT.items()}
+    m = python[MonitorSettings]
+    from_python = RayOrmasTrainer(
+        lambda: None, repair=m.repair, check_every=m.check_every, monitor_config=m.config, layers=list(m.layers),
+        verbose=m.verbose, progress=m.progress, report_every=m.report_every, sync_timeout_s=m.sync_timeout_s,
+        mlflow=python[MLflowSettings], fleet=python[FleetSettings], batch=python[BatchSize],
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
+    assert from_yaml.settings == from_python.settings == m
+    assert from_yaml.mlflow == from_python.mlflow == python[MLflowSettings]
+    assert from_yaml.batch == from_python.batch
+    assert from_yaml.fleet == from_python.fleet == python[FleetSettings] and job.train.batch == python[BatchSize]
+
+
+def test_the_settings_defaults_are_the_yaml_defaults():
+    from ray_ormas.job_config import JobConfig
+    job = JobConfig.from_dict({"name": "n", "loop": {"target": "tests.loops:digits_loop"},
+                               "train": {"epochs": 1, "batch": {"size": 4}}})
+    assert (job.monitor, job.mlflow, job.fleet) == (MonitorSettings(), MLflowSettings(), FleetSettings())
+    assert job.monitor.verbose is True and job.monitor.progress is True
 
 
 def test_missing_config_file_and_bad_usage(console, tmp_path):
