@@ -19,6 +19,11 @@ The paired measurement: in one run, two identical DDP replicas are stepped alter
 the monitor and one without, so both share the same moment and contention; their ratio is the
 monitor's own per-step cost without the run-to-run noise of a small shared machine.
 
+    python bench/overhead.py --in-process [--models mlp] [--repeats 3] [--steps 3000]
+
+The same pairing with ormas-monitor's own `Monitor` in this process, without Ray or DDP: the
+floor under what any integration of the monitor can cost per step on that model.
+
     python bench/overhead.py --scaling [--world-sizes 1 2 4 8] [--models digits wide mlp]
 
 Per-check cost against world size (logical CPUs: 8 workers on a 2-core machine time-share, so
@@ -148,6 +153,13 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
         models.append(ray_ormas.prepare_model(make_model(config["model"])))
         opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
     mon = ray_ormas.monitor(models[0], opts[0])
+    return alternate(config, device, x, y, batches, models, opts, mon)
+
+
+def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: torch.Tensor,
+              batches: list[torch.Tensor], models: list[nn.Module], opts: list[torch.optim.Optimizer],
+              mon: Any) -> dict[str, Any]:
+    """The paired steps: replicas 0 (stepped with `mon`) and 1 (without), alternately."""
     times: list[list[float]] = [[], []]
     in_step: list[float] = []                                   # time inside mon.step() alone
     for step in range(config["steps"]):
@@ -169,6 +181,37 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
             del loss            # each replica frees its own autograd graph inside its own step time
             times[k].append(time.perf_counter() - t)
     return {"monitored": times[0], "plain": times[1], "in_step": in_step}
+
+
+def run_in_process(args: argparse.Namespace) -> None:
+    """The paired measurement with ormas-monitor's own `Monitor`, in this process, without Ray
+    or DDP: the floor under what any integration of the monitor can cost on this model."""
+    import tempfile
+
+    from ormas_monitor import Monitor
+    torch.set_num_threads(1)
+    print(f"\nin process: ormas-monitor's own Monitor, no Ray, no DDP; paired replicas, check_every="
+          f"{args.check_every}, {args.repeats} runs per model\n")
+    print(f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+          f"{'unsampled ratio':>15} {'Monitor.step off-check us':>25}")
+    device = torch.device("cpu")
+    for model in args.models:
+        x, y = make_data(model, device)
+        gen = torch.Generator().manual_seed(0)
+        batches = [torch.randint(0, len(x), (args.batch_size,), generator=gen) for _ in range(64)]
+        for rep in range(args.repeats):
+            models, opts = [], []
+            for _ in range(2):
+                torch.manual_seed(0)
+                models.append(make_model(model))
+                opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
+            with tempfile.TemporaryDirectory() as out:
+                mon = Monitor(models[0], opts[0], out=out, check_every=args.check_every, verbose=False)
+                r = paired_row(alternate(_loop_config(args, model, "in-process"), device, x, y, batches, models,
+                                         opts, mon), args.check_every)
+                mon.close(report=False)
+            print(f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
+                  f"{r['unsampled_ratio']:>15.3f} {r['off_check_us']:>25.1f}", flush=True)
 
 
 def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
@@ -325,9 +368,14 @@ def main() -> None:
     p.add_argument("--paired", action="store_true", help="only the paired measurement (monitored vs plain replica)")
     p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--in-process", action="store_true",
+                   help="the paired measurement with ormas-monitor's own Monitor in this process, without Ray")
     p.add_argument("--fleet", choices=("on", "off"), default="on",
                    help="fleet health in the paired and scaling runs (on: the default with more than one worker)")
     args = p.parse_args()
+    if args.in_process:
+        run_in_process(args)
+        return
 
     import ray
     cpus = max(args.workers, *args.world_sizes, 2) if args.scaling else max(args.workers, 2)

@@ -68,7 +68,7 @@ class FleetHead:
 
     def facts(self, attempt: int, facts: dict[str, Any]) -> None:
         """One rank's facts at one check (fleet_probe.py)."""
-        started = time.perf_counter()
+        started = time.thread_time()        # CPU time: what the head spends, not how busy the node is
         try:
             outcome = self._analyzer.add(attempt, facts)
             if outcome is None:
@@ -84,7 +84,7 @@ class FleetHead:
         except Exception as e:          # a malformed fact must not take the ledger down
             logger.warning("[ray-ormas] fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
         finally:
-            self._head_s += time.perf_counter() - started
+            self._head_s += time.thread_time() - started
 
     def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
         """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""

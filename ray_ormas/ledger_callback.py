@@ -31,15 +31,30 @@ class LedgerCallback(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
-        if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
-            self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
-                                            for m in metrics])
-            rank0 = metrics[0]
-            if self._tracked and rank0.get("ormas/kind") == "user":
-                self._ledger.track_report.remote({k: v for k, v in rank0.items() if not k.startswith("ormas/")},
-                                                 rank0.get("ormas/run_step"), checkpoint)
+        self.forward_report(metrics, checkpoint)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})
+        self.forward_exception(worker_exceptions)
+
+    def forward_report(self, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> list[Any]:
+        """What `after_report` sends; returns the calls' refs (Ray Train's local mode waits on them,
+        since the run ledger is an async actor and would not keep them in order with the driver's
+        own calls)."""
+        refs = []
+        if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
+            refs.append(self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
+                                                        for m in metrics]))
+            rank0 = metrics[0]
+            if self._tracked and rank0.get("ormas/kind") == "user":
+                refs.append(self._ledger.track_report.remote(
+                    {k: v for k, v in rank0.items() if not k.startswith("ormas/")}, rank0.get("ormas/run_step"),
+                    checkpoint))
+        return refs
+
+    def forward_exception(self, worker_exceptions: dict[int, Exception]) -> list[Any]:
+        """What `after_exception` sends; returns the calls' refs."""
+        refs = [self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}"
+                                                   for r, e in worker_exceptions.items()})]
         if self._tracked:
-            self._ledger.track_attempt_end.remote()
+            refs.append(self._ledger.track_attempt_end.remote())
+        return refs

@@ -18,9 +18,9 @@ Hooks relied on: `ray.train.torch.prepare_model`, `ray.train.torch.get_device`,
 """
 from __future__ import annotations
 
-import logging
 import contextlib
 import fnmatch
+import logging
 from typing import Any, Iterator
 
 import ray.train

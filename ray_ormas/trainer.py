@@ -204,6 +204,10 @@ class RayOrmasTrainer:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
                              f"loop in this process, for debugging), got {workers!r}")
+        if self.strategy == "fsdp" and workers == 0:
+            raise ValueError("strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
+                             "the loop in this process without one: debug with strategy='ddp' (one process, the model "
+                             "left unwrapped), or give num_workers >= 1")
         if self.strategy == "fsdp" and self.settings.repair:
             raise ValueError("repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
                              "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
@@ -292,7 +296,8 @@ class RayOrmasTrainer:
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
             interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
             if local and not interrupted:   # the loop's own error, raised here unchanged: tell the ledger
-                LedgerCallback(ledger, tracking is not None).after_exception(None, {0: e})
+                with contextlib.suppress(Exception):
+                    ray.get(LedgerCallback(ledger, tracking is not None).forward_exception({0: e}), timeout=60)
             if not interrupted:
                 _sweep_staging(ledger, self.store)
             _tell_where_the_record_is(ledger, self.store)

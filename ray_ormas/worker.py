@@ -35,8 +35,8 @@ record's `run_end` carries the error) and the exception is re-raised unchanged.
 """
 from __future__ import annotations
 
-import logging
 import inspect
+import logging
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -440,7 +440,8 @@ class WorkerSession:
     def _ray_report(self, payload: dict[str, Any], checkpoint: ray.train.Checkpoint | None, **kwargs: Any) -> None:
         ray.train.report(payload, checkpoint=checkpoint, **kwargs)
         if self.plan.local:         # no controller calls the ledger's callback: do what it would
-            LedgerCallback(self.plan.ledger, self.plan.tracked).after_report(None, [payload], checkpoint)
+            ray.get(LedgerCallback(self.plan.ledger, self.plan.tracked).forward_report([payload], checkpoint),
+                    timeout=60)
 
     def finish(self) -> None:
         """The loop returned on this rank: meet the others, close the monitors, report once more."""
