@@ -142,8 +142,9 @@ class MonitorSettings:
                 "layers": list(self.layers) if self.layers is not None else None, "verbose": self.verbose}
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every setting (the MonitorConfig as its own dict)."""
-        out = dataclasses.asdict(self)
+        """Plain dict of every setting, `check_every` and `thresholds` as the whole `MonitorConfig`
+        (what the MLflow run's `monitor.*` params show)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("check_every", "thresholds")}
         out["layers"] = list(self.layers) if self.layers is not None else None
         out["config"] = self.config.to_dict()
         return out
