@@ -18,7 +18,6 @@ from pydantic.dataclasses import dataclass
 from .options import SETTINGS_CONFIG
 
 HangDetector = Literal["off", "observe", "fail"]
-HANG_DETECTOR_MODES: tuple[str, ...] = ("off", "observe", "fail")
 HANG_DETECTOR_ENV = "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR"
 HANG_ACTION_ENV = "RAY_TRAIN_NCCL_RAS_ACTION"
 HANG_CONFIRM_ENV = "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"

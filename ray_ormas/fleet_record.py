@@ -171,7 +171,8 @@ class FleetSummary:
         alarms: every alarm line (kind, ranks, node, step, message, ...), oldest first.
         checks: complete checks seen (every rank's facts in).
         loss_mean / loss_rank0: the fleet's mean loss and rank 0's at the last check.
-        head_ms_per_check: the head node's CPU time per check (analysis, record, metrics, MLflow entries), when measured.
+        head_ms_per_check: the head node's CPU time per check (analysis, record, metrics, MLflow
+            entries), when measured.
     """
 
     record: str

@@ -10,9 +10,11 @@
 
 Validated with pydantic (v2), because Ray already depends on it, and because it gives what a
 config needs for free: every error names its key path (`train.batch.size: Input should be
-greater than 0`), unknown keys are refused (a typo never silently falls back to a default),
-values are coerced from YAML's types, and the field descriptions below are the reference in
-docs/cli.md (`schema_reference()`, checked by a test). Checks that need two sections at once (a
+greater than or equal to 1`), unknown keys are refused (a typo never silently falls back to a
+default), values are coerced from YAML's types, and the field descriptions are the reference in
+docs/cli.md (`schema_reference()`, checked by a test). The `monitor:`, `mlflow:`, `fleet:` and
+`train.batch:` sections are the Python API's own settings classes (`MonitorSettings`,
+`MLflowSettings`, `FleetSettings`, `BatchSize`; options.py), so the two cannot drift apart. Checks that need two sections at once (a
 global batch split over workers, repair with FSDP, SyncBatchNorm without GPUs) are the
 trainer's own, run on the driver when the CLI builds it, before Ray starts.
 
