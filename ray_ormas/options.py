@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 class OptionError(ValueError):
-    """Options that cannot be used; each line names the option."""
+    """Options that cannot be used; each problem (separated by "; ") names its option."""
 
 
 def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
@@ -34,7 +34,10 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
         if e["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             message = "unknown option (check the spelling)"
         got = "" if e["type"].startswith("value_error") or "input" not in e else f", got {e['input']!r}"
-        lines.append(f"{prefix}{where}: {message}{got}" if where else f"{prefix.rstrip('.')}: {message}")
+        if where:
+            lines.append(f"{prefix}{where}: {message}{got}")
+        else:                               # a check across options: the class's own message
+            lines.append(f"{prefix.rstrip('.')}: {message}" if prefix else message)
     return lines
 
 
