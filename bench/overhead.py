@@ -19,6 +19,12 @@ The paired measurement: in one run, two identical DDP replicas are stepped alter
 the monitor and one without, so both share the same moment and contention; their ratio is the
 monitor's own per-step cost without the run-to-run noise of a small shared machine.
 
+    python bench/overhead.py --paired --attach explicit auto [--models digits mlp] [--repeats 4]
+
+The same pairing with the monitored replica watched the zero-change way (docs/adoption.md): the
+loop calls `ray.train.torch.prepare_model` and a loss module, builds no monitor, and ray-ormas's
+optimizer step hook steps one; runs alternate between the two ways of attaching, in ABBA order.
+
     python bench/overhead.py --in-process [--models mlp] [--repeats 3] [--steps 3000]
 
 The same pairing with ormas-monitor's own `Monitor` in this process, without Ray or DDP: the
@@ -156,10 +162,36 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
     return alternate(config, device, x, y, batches, models, opts, mon)
 
 
+class _StepHook:
+    """Stands in for `mon` when the optimizer step hook steps the monitor (`--attach auto`)."""
+
+    def step(self, loss: torch.Tensor) -> None:
+        pass
+
+
+def paired_auto_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """`paired_loop` written for TorchTrainer: no ray_ormas call, a loss module per replica. The
+    plain replica's optimizer takes one (empty) step before any forward pass, so ray-ormas's hook
+    meets it with no model and follows it never (it says so once); the monitored replica's
+    optimizer meets its model at its first step."""
+    import ray.train.torch
+
+    device, x, y, batches = _setup(config)
+    models, opts = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(ray.train.torch.prepare_model(make_model(config["model"])))
+        opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
+    opts[1].step()                  # no gradients yet: changes nothing, and leaves replica B unwatched
+    criteria = [nn.CrossEntropyLoss(), nn.CrossEntropyLoss()]
+    return alternate(config, device, x, y, batches, models, opts, _StepHook(), criteria)
+
+
 def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: torch.Tensor,
               batches: list[torch.Tensor], models: list[nn.Module], opts: list[torch.optim.Optimizer],
-              mon: Any) -> dict[str, Any]:
+              mon: Any, criteria: list[Any] | None = None) -> dict[str, Any]:
     """The paired steps: replicas 0 (stepped with `mon`) and 1 (without), alternately."""
+    criteria = criteria or [F.cross_entropy, F.cross_entropy]
     times: list[list[float]] = [[], []]
     in_step: list[float] = []                                   # time inside mon.step() alone
     for step in range(config["steps"]):
@@ -168,7 +200,7 @@ def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: 
             model, opt = models[k], opts[k]
             t = time.perf_counter()
             with _autocast(config, device):
-                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss = criteria[k](model(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()
             if k == 0:
@@ -227,12 +259,13 @@ def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
             "off_check_us": 1e6 * statistics.median(in_step[i] for i in off)}
 
 
-def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, Any]:
+def fit_paired(args: argparse.Namespace, model: str, workers: int, attach: str = "explicit") -> dict[str, Any]:
     from ray.train import RunConfig
 
     from ray_ormas import RayOrmasTrainer
     result = RayOrmasTrainer(
-        paired_loop, train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
+        paired_loop if attach == "explicit" else paired_auto_loop,
+        train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
         verbose=False, fleet=args.fleet == "on", scaling_config=_scaling(args, workers),
         run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit()
     fleet = result.ormas.fleet
@@ -242,17 +275,19 @@ def fit_paired(args: argparse.Namespace, model: str, workers: int) -> dict[str, 
 def run_paired(args: argparse.Namespace) -> None:
     print(f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
           f"{args.check_every}, {args.workers} workers, fleet health {args.fleet}, {args.repeats} runs per model\n")
-    print(f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+    print(f"{'model':<7} {'attach':<8} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
           f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21} "
           f"{'head ms/check':>13}")
     for model in args.models:
         for rep in range(args.repeats):
-            out = fit_paired(args, model, args.workers)
-            r = paired_row(out, args.check_every)
-            head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
-            print(f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
-                  f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
-                  f"{r['off_check_us']:>21.1f} {head:>13}", flush=True)
+            for attach in (args.attach if rep % 2 == 0 else args.attach[::-1]):    # ABBA: no place favoured
+                out = fit_paired(args, model, args.workers, attach)
+                r = paired_row(out, args.check_every)
+                head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
+                print(f"{model:<7} {attach:<8} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} "
+                      f"{r['ratio']:>12.3f} "
+                      f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
+                      f"{r['off_check_us']:>21.1f} {head:>13}", flush=True)
 
 
 def run_scaling(args: argparse.Namespace) -> None:
@@ -366,6 +401,9 @@ def main() -> None:
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--storage", default="/tmp/ray_ormas_bench")
     p.add_argument("--paired", action="store_true", help="only the paired measurement (monitored vs plain replica)")
+    p.add_argument("--attach", nargs="+", choices=("explicit", "auto"), default=["explicit"],
+                   help="paired runs: the monitored replica watched by ray_ormas.monitor (explicit) or by the "
+                        "optimizer step hook (auto, an unchanged Ray Train loop); several alternate")
     p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--in-process", action="store_true",

@@ -67,6 +67,9 @@ class MonitorSettings:
             Each report is a barrier across workers, so keep it off the hot path.
         sync_timeout_s: how long a rank waits at a ray-ormas report for the other ranks
             before failing with an error that names the missing ranks (instead of hanging).
+        auto_monitor: zero-change mode (adoption.py): a loop that builds no monitor itself gets
+            one on each model an optimizer steps, and a Lightning or Transformers trainer gets
+            ormas-monitor's own callback. False: only `ray_ormas.monitor(...)` builds monitors.
     """
 
     repair: RepairMode = Field(False, description="false: watch only; true: repair certified, constant and decayed "
@@ -82,6 +85,8 @@ class MonitorSettings:
                                                              "null: only the loop's own reports and the end)")
     sync_timeout_s: float = Field(DEFAULT_SYNC_TIMEOUT_S, gt=0, allow_inf_nan=False,
                                   description="seconds ranks wait for each other at a report")
+    auto_monitor: bool = Field(True, description="monitor the models a loop trains without ray_ormas.monitor "
+                                                 "(optimizer step hooks; Lightning and Transformers callbacks)")
 
     @field_validator("repair", mode="plain")
     @classmethod
@@ -118,7 +123,8 @@ class MonitorSettings:
     def build(cls, *, repair: RepairMode = False, check_every: int | None = None,
               monitor_config: MonitorConfig | None = None, layers: str | Sequence[str] | None = None,
               verbose: bool = True, report_every: int | None = None,
-              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = True) -> MonitorSettings:
+              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = True,
+              auto_monitor: bool = True) -> MonitorSettings:
         """Settings from the trainer's keyword options: `monitor_config` gives the thresholds,
         `check_every` overrides its interval; an error is an `OptionError` naming the option."""
         if monitor_config is not None and not isinstance(monitor_config, MonitorConfig):
@@ -134,7 +140,8 @@ class MonitorSettings:
         elif isinstance(layers, list):
             layers = tuple(layers)
         return build(cls, "", repair=repair, check_every=check_every, thresholds=thresholds, layers=layers,
-                     verbose=verbose, progress=progress, report_every=report_every, sync_timeout_s=sync_timeout_s)
+                     verbose=verbose, progress=progress, report_every=report_every, sync_timeout_s=sync_timeout_s,
+                     auto_monitor=auto_monitor)
 
     def monitor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `ormas_monitor.Monitor`, identical on every rank."""

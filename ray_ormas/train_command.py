@@ -147,9 +147,9 @@ def build_trainer(job: JobConfig) -> Any:
     return RayOrmasTrainer(
         loop, train_loop_config=job.model_dump(mode="json"), repair=m.repair, monitor_config=m.config,
         layers=m.layers, verbose=m.verbose, progress=m.progress, report_every=m.report_every,
-        sync_timeout_s=m.sync_timeout_s, record_dir=job.storage.record_dir, strategy=job.strategy,
-        sync_batchnorm=job.sync_batchnorm, batch=job.train.batch, mlflow=job.mlflow,
-        fleet=fleet, scaling_config=scaling, run_config=run_config)
+        sync_timeout_s=m.sync_timeout_s, auto_monitor=m.auto_monitor, record_dir=job.storage.record_dir,
+        strategy=job.strategy, sync_batchnorm=job.sync_batchnorm, batch=job.train.batch, mlflow=job.mlflow, fleet=fleet,
+        scaling_config=scaling, run_config=run_config)
 
 
 class _named:

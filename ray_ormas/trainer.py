@@ -42,6 +42,7 @@ from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, 
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .adoption import check_frameworks
 from .capacity import check_capacity
 from .config import (DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode,
                      check_strategy)
@@ -135,6 +136,10 @@ class RayOrmasTrainer:
             the loop's own `ray_ormas.report` calls and once at the end.
         sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
             with an error that names the missing ranks.
+        auto_monitor: zero-change mode (docs/adoption.md): a loop written for `TorchTrainer` gets a
+            monitor on each model an optimizer steps, through PyTorch's optimizer step hooks, and
+            its own `ray.train.report` calls carry the record; a Lightning or Transformers trainer
+            gets ormas-monitor's own callback. `ray_ormas.monitor(...)` in the loop wins.
         record_dir: where the record persists, a local path or a URI pyarrow can open. Default:
             `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
             beside Ray's checkpoints. Checked for writing here, before anything starts.
@@ -168,6 +173,7 @@ class RayOrmasTrainer:
                  progress: bool = True,
                  report_every: int | None = None,
                  sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+                 auto_monitor: bool = True,
                  record_dir: str | os.PathLike | None = None,
                  strategy: str = "ddp",
                  sync_batchnorm: bool = False,
@@ -191,7 +197,8 @@ class RayOrmasTrainer:
         self.strategy = check_strategy(strategy)
         self.settings = MonitorSettings.build(repair=repair, check_every=check_every, monitor_config=monitor_config,
                                               layers=layers, verbose=verbose, report_every=report_every,
-                                              sync_timeout_s=sync_timeout_s, progress=progress)
+                                              sync_timeout_s=sync_timeout_s, progress=progress,
+                                              auto_monitor=auto_monitor)
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
             raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
@@ -247,6 +254,7 @@ class RayOrmasTrainer:
         if self.mlflow is not None and self.mlflow.run_id is not None:
             check_run_exists(self.mlflow, self._run_dir())
         self.fleet = _fleet_settings(fleet, self.world_size, self.scaling_config.use_gpu)
+        self.frameworks = check_frameworks(train_loop_per_worker) if self.settings.auto_monitor else ()
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
@@ -282,7 +290,8 @@ class RayOrmasTrainer:
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)
         plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
                           run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
-                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch, local=local)
+                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch, local=local,
+                          frameworks=self.frameworks)
         run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []),
                                                                      LedgerCallback(ledger, tracking is not None)])
         trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),

@@ -32,10 +32,16 @@ Hooks relied on:
 
 When the loop raises, every monitor on the rank is closed while the exception propagates (the
 record's `run_end` carries the error) and the exception is re-raised unchanged.
+
+A loop that makes none of these calls (written for `TorchTrainer`, or Lightning / Transformers
+through Ray) gets its monitors from adoption.py: `WorkerSession.add_monitor` with an `Attach`
+saying how (the optimizer step hook, or a framework callback that builds the `Monitor` itself),
+and its own `ray.train.report` calls come to `WorkerSession.route_report`.
 """
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import shutil
 import uuid
@@ -57,7 +63,7 @@ from .ledger_callback import LedgerCallback
 from .micro_steps import MicroStepLosses
 from .mlflow_writer import RowForwarder
 from .reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
-from .segments import segment_link
+from .segments import SEGMENT_FILE, segment_link
 from .staging import Staging
 from .storage import RecordStore
 from .strategies import prepare
@@ -84,6 +90,28 @@ class WorkerPlan:
     sync_batchnorm: bool = False
     batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
     local: bool = False                         # Ray Train's local mode: the loop runs in the driver
+    frameworks: tuple[str, ...] = ()            # Lightning / Transformers, if the loop uses them (adoption.py)
+
+
+EXPLICIT = "ray_ormas.monitor"      # Attach.by of a monitor the loop built itself
+
+
+@dataclass(frozen=True)
+class Attach:
+    """How a monitor is built when not by `ray_ormas.monitor(...)` in the loop: by the automatic
+    mode at an optimizer's first step (auto_monitor.py), or by ormas-monitor's own Lightning or
+    Transformers callback (lightning.py, transformers.py)."""
+    by: str = EXPLICIT
+    facts: dict[str, Any] | None = None     # written to the segment's link (segment.json) as "attached"
+    first_step: int = 0                     # loop steps taken before the monitor's step 0
+    build: Callable[[dict[str, Any]], Any] | None = None     # builds the Monitor from ray-ormas's keyword arguments
+    close: Callable[[], Path | None] | None = None           # closes it the framework's way; returns the report
+    exclusive: bool = False                 # a framework steps it for every optimizer: nothing else attaches
+
+
+def current_session() -> WorkerSession | None:
+    """The ray-ormas session of the loop running in this process, if any."""
+    return _SESSION
 
 
 def _session(what: str) -> WorkerSession:
@@ -140,13 +168,9 @@ def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = No
     monitor's steps plus the step its attempt resumed from), the x-axis of the monitor's own
     curves; `step=` gives another (rank 0's counts). Other keyword arguments go to
     `ray.train.report` (e.g. `checkpoint_dir_name`)."""
-    if not isinstance(metrics, dict):
-        raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise TypeError(f"step must be an int >= 0 (the MLflow step of these metrics) or None, got {step!r}")
-    taken = sorted(k for k in metrics if isinstance(k, str) and k.startswith("ormas/"))
-    if taken:
-        raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
+    _check_metrics(metrics)
     _session("report").report("user", metrics, checkpoint, step=step, **kwargs)
 
 
@@ -156,11 +180,17 @@ class WorkerMonitor:
 
     def __init__(self, session: WorkerSession, name: str, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None, scaler: Any,
-                 sinks: Sequence[Callable[[str, dict], None]]) -> None:
+                 sinks: Sequence[Callable[[str, dict], None]], *, attach: Attach | None = None) -> None:
         plan = session.plan
+        attach = attach or Attach()
         self.name = name
         self.buffer = RecordBuffer()
         self.model = model
+        self.optimizer = optimizer
+        self.parameter_ids = frozenset(id(p) for p in model.parameters())
+        self.attached_by = attach.by
+        self.exclusive = attach.exclusive
+        self._close_monitor = attach.close
         self._session = session
         self._primary = not session.monitors
         self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
@@ -168,6 +198,7 @@ class WorkerMonitor:
         self._window = MicroStepLosses()    # micro-step losses of the current optimizer step
         self._micro_steps = False
         self._closed = False
+        self.framework_closed = False       # the framework's callback closed the Monitor (ray-ormas persists later)
         self._report_path: Path | None = None
         self._upload_failed = False         # some upload failed (reported once)
         self._uploaded = False              # the last upload went through
@@ -180,7 +211,10 @@ class WorkerMonitor:
             link = segment_link(plan.store, name, run_name=plan.run_name, fit_id=plan.fit_id,
                                 attempt=session.attempt, world_size=session.world_size,
                                 resumed_from=session.resumed_from())
-            link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"))
+            link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"),
+                        step_offset=link["step_offset"] + attach.first_step)
+            if attach.facts:
+                link["attached"] = attach.facts
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
         self._upload = (IncrementalUpload(plan.store, self.record_dir, self.segment_path)
@@ -190,10 +224,13 @@ class WorkerMonitor:
         own = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         if plan.settings.progress and session.rank == 0:
             own.append(ProgressPrinter(name))
+        kwargs = {"out": self.record_dir or Path(plan.store.monitor_dir(name)), "name": f"{plan.run_name}/{name}",
+                  "sinks": [*own, *sinks], **plan.settings.monitor_kwargs()}
         try:
-            self.monitor = monitor_class(model)(
-                model, optimizer, out=self.record_dir or Path(plan.store.monitor_dir(name)),
-                name=f"{plan.run_name}/{name}", sinks=[*own, *sinks], scaler=scaler, **plan.settings.monitor_kwargs())
+            if attach.build is not None:
+                self.monitor = attach.build(kwargs)
+            else:
+                self.monitor = monitor_class(model)(model, optimizer, scaler=scaler, **kwargs)
             if self.record_dir is not None:
                 check_metrics_file(self.monitor)
         except BaseException:
@@ -211,9 +248,27 @@ class WorkerMonitor:
             self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node())
 
     @property
+    def closed(self) -> bool:
+        """Closed by ray-ormas, or by the framework whose callback built it (`framework_closed`)."""
+        return self._closed or self.framework_closed
+
+    @property
     def steps(self) -> int:
         """Optimizer steps seen so far."""
         return self.monitor.step_count
+
+    def update_attached(self, **facts: Any) -> None:
+        """Rank 0: change how the segment's link (segment.json) says the monitor was attached; it
+        reaches storage with the record's next upload."""
+        if self.record_dir is None:
+            return
+        path = self.record_dir / SEGMENT_FILE
+        try:
+            link = json.loads(path.read_text())
+            link["attached"] = {**link.get("attached", {}), **facts}
+            path.write_text(json.dumps(link, indent=1, sort_keys=True) + "\n")
+        except (OSError, ValueError) as e:     # telemetry never breaks training
+            logger.warning("[ray-ormas] could not update %s (%s: %s)", path, type(e).__name__, e)
 
     def micro_step(self, loss: torch.Tensor | float) -> None:
         """With gradient accumulation: the loss of one micro-batch, as computed (before dividing
@@ -225,19 +280,30 @@ class WorkerMonitor:
     def step(self, loss: torch.Tensor | float | None = None) -> None:
         """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`. With
         gradient accumulation, after the last micro-step's backward, without a loss."""
-        monitor, probe = self.monitor, self._probe
-        checks = monitor.checks
+        monitor = self.monitor
         if self._micro_steps:
             self._micro_steps = False
             taken = self._window.take_mean(keep_graph=monitor.step_count == 0)
             loss = taken if loss is None else loss
+        checks = self.before_step()
+        monitor.step(loss)
+        self.after_step(checks, loss)
+
+    def before_step(self) -> int:
+        """Right before the monitor's own step (a framework callback calls it around the step it
+        delegates to ormas-monitor): the fleet's clock; returns the monitor's checks so far."""
+        probe = self._probe
         if probe is not None and probe.armed:
             probe.step_called()
-        monitor.step(loss)
+        return self.monitor.checks
+
+    def after_step(self, checks: int, loss: torch.Tensor | float | None) -> None:
+        """Right after the monitor's step: the fleet's facts, the row on disk, periodic reports."""
+        monitor, probe = self.monitor, self._probe
         if loss is not None:
             # Detached: holding the loss itself would keep this step's autograd graph alive until
             # the next step, and free it inside the next mon.step() instead of where the loop drops it.
-            self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) and loss.requires_grad else loss
         if monitor.checks == checks:
             if probe is not None and monitor.step_count % monitor.check_every == 0:
                 probe.arm()                     # the next step is sampled
@@ -259,7 +325,7 @@ class WorkerMonitor:
         `sink_error`) and reported once; training goes on."""
         if self.record_dir is None or self.segment_path is None:
             return None
-        if not self._closed:
+        if not self.closed:
             flush_metrics(self.monitor)
         try:
             if self._upload is not None and self._closed:
@@ -308,7 +374,7 @@ class WorkerMonitor:
         other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
         if not self._closed:
             self._closed = True
-            self._report_path = self.monitor.close()
+            self._report_path = self._close_monitor() if self._close_monitor is not None else self.monitor.close()
             if self.record_dir is not None and self.segment_path is not None:
                 self.persist()
                 self._drop_staging()
@@ -359,6 +425,7 @@ class WorkerSession:
         self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
+        self.report_route: Any = None           # report_route.ReportRoute while the loop's reports are routed
 
     def node(self) -> str:
         """This worker's node IP address (read once)."""
@@ -381,17 +448,33 @@ class WorkerSession:
         return self._resumed_from
 
     def add_monitor(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, name: str, scaler: Any,
-                    sinks: Sequence[Callable[[str, dict], None]]) -> WorkerMonitor:
+                    sinks: Sequence[Callable[[str, dict], None]], attach: Attach | None = None) -> WorkerMonitor:
+        owner = self.monitor_of(model)
+        if owner is not None:
+            raise ValueError(_claimed(owner, type(model).__name__))
         if name in self.monitors:
             raise ValueError(f"this rank already has a monitor named {name!r}; give each independently "
                              f"stepped model its own name, e.g. ray_ormas.monitor(disc, opt_d, name='discriminator')")
-        if self.plan.settings.repair and optimizer is None:
+        if self.plan.settings.repair and optimizer is None and (attach is None or attach.build is None):
             raise ValueError(f"the trainer has repair={self.plan.settings.repair!r}, which needs the optimizer to "
                              f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
                              f"use repair=False to watch only")
-        mon = WorkerMonitor(self, name, model, optimizer, scaler, sinks)
+        mon = WorkerMonitor(self, name, model, optimizer, scaler, sinks, attach=attach)
         self.monitors[name] = mon
         return mon
+
+    def monitor_of(self, model: nn.Module) -> WorkerMonitor | None:
+        """The open monitor that already watches some parameter of `model`, if any."""
+        ids = {id(p) for p in model.parameters()}
+        return next((mon for mon in self.monitors.values() if mon.parameter_ids & ids and not mon.closed), None)
+
+    def free_name(self, preferred: str) -> str:
+        """`preferred`, or `preferred-2`, `-3`, ... if a monitor of this rank has it."""
+        name, n = preferred, 1
+        while name in self.monitors:
+            n += 1
+            name = f"{preferred}-{n}"
+        return name
 
     def _steps(self) -> int:
         return next(iter(self.monitors.values())).steps if self.monitors else 0
@@ -437,8 +520,18 @@ class WorkerSession:
             kwargs.setdefault("delete_local_checkpoint_after_upload", True)     # rank 0's disk stays clean
         self._ray_report(payload, checkpoint, **kwargs)
 
+    def route_report(self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
+                     kwargs: dict[str, Any]) -> None:
+        """The loop's own `ray.train.report(...)` (report_route.py): what `ray_ormas.report` does."""
+        _check_metrics(metrics)
+        self.report("user", metrics, checkpoint, **kwargs)
+
     def _ray_report(self, payload: dict[str, Any], checkpoint: ray.train.Checkpoint | None, **kwargs: Any) -> None:
-        ray.train.report(payload, checkpoint=checkpoint, **kwargs)
+        if self.report_route is not None:
+            with self.report_route.passing_through():
+                ray.train.report(payload, checkpoint=checkpoint, **kwargs)
+        else:
+            ray.train.report(payload, checkpoint=checkpoint, **kwargs)
         if self.plan.local:         # no controller calls the ledger's callback: do what it would
             ray.get(LedgerCallback(self.plan.ledger, self.plan.tracked).forward_report([payload], checkpoint),
                     timeout=60)
@@ -450,6 +543,10 @@ class WorkerSession:
         except BaseException:
             self.abort()
             raise
+        if not self.monitors and self.plan.settings.auto_monitor:
+            logger.warning("[ray-ormas] rank %d: no monitor ran: the loop built none, and no optimizer.step() stepped "
+                           "a model it called in training mode. Build one with ray_ormas.monitor(model, optimizer) "
+                           "(docs/adoption.md)", self.rank)
         steps = {rank: arrival.step for rank, arrival in seen.items()}
         for mon in self.monitors.values():
             try:
@@ -490,6 +587,23 @@ class WorkerSession:
             pass
 
 
+def _check_metrics(metrics: Any) -> None:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+    taken = sorted(k for k in metrics if isinstance(k, str) and k.startswith("ormas/"))
+    if taken:
+        raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
+
+
+def _claimed(owner: WorkerMonitor, model: str) -> str:
+    if owner.attached_by != EXPLICIT:
+        return (f"two monitors claim one model: {model} is already watched by monitor {owner.name!r}, attached by "
+                f"{owner.attached_by}. Call ray_ormas.monitor(model, optimizer) before the model's first "
+                f"optimizer.step() (the loop's own monitor then wins and nothing is attached), or leave it out")
+    return (f"two monitors claim one model: {model} (or a model sharing its parameters) already has monitor "
+            f"{owner.name!r}. Build one monitor per model: ray_ormas.monitor(model, optimizer) once")
+
+
 def _activate(session: WorkerSession | None) -> None:
     # A module-level function: cloudpickle ships `train_fn` by value with a copy of its globals,
     # so the session must be set through a function that lives in (and writes) the real module.
@@ -506,9 +620,12 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
     takes_config = _accepts_config(user_fn)
 
     def train_fn(config: dict) -> Any:
+        from .adoption import Adoption
         session = WorkerSession(plan)
         _activate(session)
+        adoption = Adoption(session)
         try:
+            adoption.install()
             try:
                 value = user_fn(config) if takes_config else user_fn()
             except BaseException:
@@ -517,6 +634,7 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
             session.finish()
             return value
         finally:
+            adoption.remove()
             _activate(None)
     # Not functools.wraps: Ray reads the signature (and __wrapped__) to decide whether to pass config.
     train_fn.__name__ = train_fn.__qualname__ = getattr(user_fn, "__name__", "train_loop")

@@ -87,6 +87,12 @@ class Snippet:
     def id(self) -> str:
         return f"{self.doc}:{self.line}"
 
+    @property
+    def install(self) -> str | None:
+        """The `pip install ...` its first line says it needs, if any."""
+        first = self.code.splitlines()[0] if self.code else ""
+        return first.removeprefix("# needs:").strip() if first.startswith("# needs: pip install ") else None
+
 
 def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
@@ -157,9 +163,10 @@ def harvest(paths: list[Path] | None = None) -> list[DocCommand]:
 
 
 def snippets(paths: list[Path] | None = None) -> list[Snippet]:
-    """The ```python blocks of README.md and docs/quickstart.md: complete programs."""
+    """The ```python blocks of README.md, docs/quickstart.md and docs/adoption.md: complete
+    programs. One whose first line is `# needs: pip install ...` needs that installed first."""
     found = []
-    for path in paths or [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]:
+    for path in paths or [ROOT / "README.md", ROOT / "docs" / "quickstart.md", ROOT / "docs" / "adoption.md"]:
         text = path.read_text()
         for m in FENCE.finditer(text):
             if m.group(1) == "python":

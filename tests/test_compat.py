@@ -186,3 +186,5 @@ def test_micro_step_losses_are_averaged_on_the_device_and_keep_the_graph_when_as
         return seen
     assert last.grad_fn in reachable(attached.grad_fn)    # ... and the last loss's graph is reachable
     assert window.take_mean() is None
+    window.add(last)                                       # one micro-batch: its loss as it is, no device op
+    assert window.take_mean() is last and window.take_mean() is None

@@ -545,6 +545,10 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("snippet", snippets(), ids=[s.id for s in snippets()])
 def test_the_python_snippets_run_as_written(snippet, clone: Clone):
+    if snippet.install is not None:          # the extra the snippet says it needs, as the docs say to install it
+        installed = run_once(snippet.install, lambda: bash(snippet.install, cwd=clone.root,
+                                                           env=clone.env(clone.base / "home-i"), timeout=900))
+        assert installed.code == 0, installed.out[-3000:]
     work = clone.copy(re.sub(r"[^\w]+", "-", snippet.id))
     (work / "snippet.py").write_text(snippet.code)
     home = work / "home"

@@ -95,7 +95,8 @@ def test_config_errors_exit_2_naming_the_key_before_ray_starts(console, tmp_path
 NOT_DEFAULT = {
     MonitorSettings: {"repair": ("all", "all"), "check_every": (7, 7), "thresholds": ({"patience": 2}, {"patience": 2}),
                       "layers": (["conv*", "fc"], ("conv*", "fc")), "verbose": (False, False),
-                      "progress": (False, False), "report_every": (3, 3), "sync_timeout_s": (60.5, 60.5)},
+                      "progress": (False, False), "report_every": (3, 3), "sync_timeout_s": (60.5, 60.5),
+                      "auto_monitor": (False, False)},
     MLflowSettings: {"enabled": (True, True), "tracking_uri": ("sqlite:///m.db", "sqlite:///m.db"),
                      "experiment_name": ("e", "e"), "run_name": ("r", "r"), "tags": ({"a": "b"}, {"a": "b"}),
                      "run_id": (None, None), "request_timeout_s": (2.5, 2.5), "log_checkpoints": ("best", "best"),
@@ -137,7 +138,8 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
     from_python = RayOrmasTrainer(
         lambda: None, repair=m.repair, check_every=m.check_every, monitor_config=m.config, layers=list(m.layers),
         verbose=m.verbose, progress=m.progress, report_every=m.report_every, sync_timeout_s=m.sync_timeout_s,
-        mlflow=python[MLflowSettings], fleet=python[FleetSettings], batch=python[BatchSize],
+        auto_monitor=m.auto_monitor, mlflow=python[MLflowSettings], fleet=python[FleetSettings],
+        batch=python[BatchSize],
         scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
     assert from_yaml.settings == from_python.settings == m
     assert from_yaml.mlflow == from_python.mlflow == python[MLflowSettings]
