@@ -45,6 +45,8 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
         optimizer_index: which of `trainer.optimizers` the monitor follows (and repairs).
         to_loggers: also send the monitor's metrics to the trainer's TensorBoard / W&B loggers.
         name: the monitor's name (its folder in the record).
+        automatic: set by ray-ormas's entry point for the callback it adds itself; that one
+            stands down when the trainer has another ormas-monitor callback (yours wins).
 
     The monitor's settings (repair, check_every, thresholds, layers) are the trainer's.
     """
