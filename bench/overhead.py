@@ -24,6 +24,8 @@ monitor's own per-step cost without the run-to-run noise of a small shared machi
 The same pairing with the monitored replica watched the zero-change way (docs/adoption.md): the
 loop calls `ray.train.torch.prepare_model` and a loss module, builds no monitor, and ray-ormas's
 optimizer step hook steps one; runs alternate between the two ways of attaching, in ABBA order.
+There the monitor steps inside `optimizer.step()`: its time is the optimizer's own time to its
+step pre-hook, less the plain replica's, and its checks come one loop step later.
 
     python bench/overhead.py --in-process [--models mlp] [--repeats 3] [--steps 3000]
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import time
@@ -163,10 +166,29 @@ def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _StepHook:
-    """Stands in for `mon` when the optimizer step hook steps the monitor (`--attach auto`)."""
+    """Stands in for `mon` when ray-ormas's optimizer step hook steps the monitor (`--attach auto`),
+    and times that hook. PyTorch runs an optimizer's own step pre-hooks after the global ones, so
+    the time from right before `optimizer.step()` to its own pre-hook is the optimizer's wrapper
+    plus ray-ormas's hook. The plain replica's optimizer, which ray-ormas ignores, gives the
+    wrapper alone; the difference is the monitor's step."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self._called_at = [0.0] * len(optimizers)
+        self._reached_after = [0.0] * len(optimizers)
+        for k, optimizer in enumerate(optimizers):
+            optimizer.register_step_pre_hook(functools.partial(self._reached, k))
 
     def step(self, loss: torch.Tensor) -> None:
         pass
+
+    def before_optimizer_step(self, k: int) -> None:
+        self._called_at[k] = time.perf_counter()
+
+    def _reached(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._reached_after[k] = time.perf_counter() - self._called_at[k]
+
+    def monitor_step_s(self) -> float:
+        return self._reached_after[0] - self._reached_after[1]
 
 
 def paired_auto_loop(config: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +206,7 @@ def paired_auto_loop(config: dict[str, Any]) -> dict[str, Any]:
         opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
     opts[1].step()                  # no gradients yet: changes nothing, and leaves replica B unwatched
     criteria = [nn.CrossEntropyLoss(), nn.CrossEntropyLoss()]
-    return alternate(config, device, x, y, batches, models, opts, _StepHook(), criteria)
+    return alternate(config, device, x, y, batches, models, opts, _StepHook(opts), criteria)
 
 
 def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: torch.Tensor,
@@ -208,11 +230,16 @@ def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: 
                 mon.step(loss)
                 _sync(device)
                 in_step.append(time.perf_counter() - t_mon)
+            if isinstance(mon, _StepHook):
+                mon.before_optimizer_step(k)
             opt.step()
             _sync(device)
             del loss            # each replica frees its own autograd graph inside its own step time
             times[k].append(time.perf_counter() - t)
-    return {"monitored": times[0], "plain": times[1], "in_step": in_step}
+        if isinstance(mon, _StepHook):
+            in_step[-1] = mon.monitor_step_s()          # the monitor stepped inside optimizer.step()
+    return {"monitored": times[0], "plain": times[1], "in_step": in_step,
+            "first_monitor_step": 1 if isinstance(mon, _StepHook) else 0}
 
 
 def run_in_process(args: argparse.Namespace) -> None:
@@ -248,8 +275,9 @@ def run_in_process(args: argparse.Namespace) -> None:
 
 def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
     a, b = out["monitored"][WARMUP:], out["plain"][WARMUP:]
-    off = [i for i in range(len(a)) if (i + WARMUP) % check_every != 0]
-    on = [i for i in range(len(a)) if (i + WARMUP) % check_every == 0]
+    start = WARMUP - out.get("first_monitor_step", 0)      # the automatic mode's monitor starts at loop step 1
+    off = [i for i in range(len(a)) if (i + start) % check_every != 0]
+    on = [i for i in range(len(a)) if (i + start) % check_every == 0]
     in_step = out["in_step"][WARMUP:]
     return {"plain_ms": 1e3 * statistics.median(b), "monitored_ms": 1e3 * statistics.median(a),
             "ratio": statistics.median(a) / statistics.median(b),

@@ -189,7 +189,8 @@ class BatchSize:
             lower, upper = self.size // parts * parts, -(-self.size // parts) * parts
             raise ValueError(f"a global batch of {self.size} does not split evenly over {world_size} workers x "
                              f"{self.accumulation} accumulation steps ({parts} micro-batches per optimizer step): "
-                             f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change num_workers")
+                             f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change the number "
+                             f"of workers (ScalingConfig.num_workers; scaling.workers in a YAML config)")
         return self.size // parts
 
     def effective(self, world_size: int) -> int:

@@ -40,7 +40,7 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 from .records import RunRecords
-from .storage import RecordStore
+from .storage import PARTS_SUFFIX, RecordStore, join_parts
 from .tracking import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
 
 JOURNAL_DIR = ".mlflow"          # in the record root; a monitor's name cannot start with "."
@@ -267,30 +267,51 @@ def _uploaded(have: dict[str, int | None], name: str, size: int | None) -> bool:
 
 def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, artifact_path: str) -> int:
     """Upload the files of `folder` (on `fs`) that the run lacks under `artifact_path` (or has
-    with another size); return how many. Non-local files go through a temporary folder that is
-    removed again."""
+    with another size); return how many. A file that a segment which never closed left only in
+    parts on object storage (`X.parts/`, uploads.py) is put together and uploaded whole, as `X`.
+    Files not on the local disk go through a temporary folder that is removed again."""
     have = _artifact_files(client, run_id, artifact_path)
     infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-    todo = [i for i in infos if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")
-            and not _uploaded(have, posixpath.relpath(i.path, folder), i.size)]
-    if not todo:
-        return 0
+    files = {posixpath.relpath(i.path, folder): i for i in infos
+             if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")}
+    in_parts: dict[str, list[pafs.FileInfo]] = {}
+    for rel in [rel for rel in files if posixpath.dirname(rel).endswith(PARTS_SUFFIX)]:
+        whole = posixpath.dirname(rel)[:-len(PARTS_SUFFIX)]
+        info = files.pop(rel)
+        in_parts.setdefault(whole, []).append(info)
+    in_parts = {whole: parts for whole, parts in in_parts.items() if whole not in files}   # closed since
+    todo = [rel for rel, info in files.items() if not _uploaded(have, rel, info.size)]
     local = isinstance(fs, pafs.LocalFileSystem)
-    staging = None if local else Path(tempfile.mkdtemp(prefix="ray-ormas-artifacts-"))
+    staging = Path(tempfile.mkdtemp(prefix="ray-ormas-artifacts-")) if in_parts or (todo and not local) else None
+    sources: dict[str, str] = {}
     try:
-        for info in todo:
-            rel = posixpath.relpath(info.path, folder)
-            src = info.path
-            if staging is not None:
-                src = str(staging / rel)
-                Path(src).parent.mkdir(parents=True, exist_ok=True)
-                pafs.copy_files(info.path, src, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        for rel in todo:
+            sources[rel] = files[rel].path if local else _copy_to(staging, rel, fs, files[rel].path)
+        for whole, parts in in_parts.items():
+            data = join_parts((p.base_name, _read(fs, p.path)) for p in parts)
+            if not _uploaded(have, whole, len(data)):
+                sources[whole] = str(staging / whole)
+                Path(sources[whole]).parent.mkdir(parents=True, exist_ok=True)
+                Path(sources[whole]).write_bytes(data)
+        for rel, src in sources.items():
             sub = posixpath.dirname(rel)
             client.log_artifact(run_id, src, artifact_path=posixpath.join(artifact_path, sub) if sub else artifact_path)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    return len(todo)
+    return len(sources)
+
+
+def _copy_to(staging: Path, rel: str, fs: pafs.FileSystem, path: str) -> str:
+    local = staging / rel
+    local.parent.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return str(local)
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return f.read()
 
 
 def upload_segments(client: Any, run_id: str, records: RunRecords, fit_id: str) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -50,7 +51,9 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
     assert slow_from <= alarm["step"] <= slow_from + 2 * CHECK_EVERY, alarm     # the 1st, 2nd or 3rd slow check
     assert alarm["node"] == fleet.ranks[1]["node"] and "rank 1 on node" in alarm["message"]
     assert "data loading" in alarm["message"]
-    assert fleet.ranks[1]["lowest_score"] < 0.5 <= fleet.ranks[0]["lowest_score"]
+    # Rank 0 may be slow at a single check on a busy machine (a score just under 0.5 once), but
+    # never for the 3 checks in a row that an alarm takes; rank 1 is far below it.
+    assert fleet.ranks[1]["lowest_score"] < 0.5 and fleet.ranks[1]["lowest_score"] < fleet.ranks[0]["lowest_score"]
     assert fleet.ranks[1]["data_ms"] > 20 > fleet.ranks[0]["data_ms"]
     assert fleet.checks == 60 // CHECK_EVERY and "rank  node" in fleet.table()
 
@@ -58,6 +61,9 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
     records = ray_ormas.open_records(storage / "slow")
     checks, table = records.fleet_checks(), records.fleet_alarms()
     assert checks.num_rows == 2 * fleet.checks
+    rank_0_scores = [s for r, s in zip(checks.column("rank").to_pylist(), checks.column("relative_score").to_pylist())
+                     if r == 0 and s is not None]
+    assert statistics.median(rank_0_scores) >= 0.5, rank_0_scores
     assert sorted(set(checks.column("rank").to_pylist())) == [0, 1]
     assert table.column("kind").to_pylist() == ["straggler"] and table.column("ranks").to_pylist() == [[1]]
     paths = records.write_parquet(storage / "parquet")

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -253,6 +254,44 @@ def test_a_folder_is_uploaded_once_with_empty_and_nested_files(server, tmp_path)
     assert upload_folder(client, run_id, fs, str(tmp_path / "ck"), "checkpoints/ck") == 0
     (tmp_path / "ck" / "alarms.jsonl").write_text("{}\n")
     assert upload_folder(client, run_id, fs, str(tmp_path / "ck"), "checkpoints/ck") == 1
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_file_left_in_parts_by_a_crashed_segment_is_uploaded_whole(server, tmp_path, request, where):
+    """On object storage a segment that never closed holds its JSON-lines files as parts
+    (`X.parts/<offset>`); MLflow gets each one whole, as `X`, once, and again when it grew."""
+    import pyarrow.fs as pafs
+
+    from ray_ormas.mlflow_sync import upload_folder
+    from ray_ormas.storage import part_name
+    if where == "s3":
+        fs, segment = pafs.FileSystem.from_uri(f"{request.getfixturevalue('s3').bucket()}/run/segment-000")
+    else:
+        fs, segment = pafs.LocalFileSystem(), str(tmp_path / "segment-000")
+    fs.create_dir(f"{segment}/diary.jsonl.parts")
+
+    def write(path: str, data: bytes) -> None:
+        with fs.open_output_stream(f"{segment}/{path}") as f:
+            f.write(data)
+
+    first, second = b'{"seq": 1}\n', b'{"seq": 2}\n'
+    write(f"diary.jsonl.parts/{part_name(0)}", first)
+    write(f"diary.jsonl.parts/{part_name(len(first))}", second)
+    write("segment.json", b"{}\n")
+    client = MlflowClient(server)
+    run_id = client.create_run(client.create_experiment(f"parts-{time.time_ns()}")).info.run_id
+    staging_folders = lambda: set(Path(tempfile.gettempdir()).glob("ray-ormas-artifacts-*"))  # noqa: E731
+    before = staging_folders()
+    assert upload_folder(client, run_id, fs, segment, "ormas/model/segment-000") == 2
+    listed = {a.path for a in client.list_artifacts(run_id, "ormas/model/segment-000")}
+    assert listed == {"ormas/model/segment-000/diary.jsonl", "ormas/model/segment-000/segment.json"}
+    copy = Path(client.download_artifacts(run_id, "ormas/model/segment-000/diary.jsonl", str(tmp_path / "down")))
+    assert copy.read_bytes() == first + second
+    assert upload_folder(client, run_id, fs, segment, "ormas/model/segment-000") == 0
+    write(f"diary.jsonl.parts/{part_name(len(first + second))}", b'{"seq": 3}\n')
+    assert upload_folder(client, run_id, fs, segment, "ormas/model/segment-000") == 1
+    assert staging_folders() == before                                  # nothing left behind
+    assert fs.get_file_info(f"{segment}/diary.jsonl").type == pafs.FileType.NotFound   # the store is unchanged
 
 
 # ---------------------------------------------------------------------------- MLflow equals the record

@@ -63,7 +63,7 @@ train: {epochs: 1, batch: {size: 32}}
     (MINIMAL.replace('model: {target: "examples.digits:cnn"}\n', ""), [], ["give `model` and `data`"]),
     (MINIMAL, ["name=bad name"], ["name: String should match pattern"]),
     (MINIMAL, ["train.batch={size: 30, per: global}", "scaling.workers=4"],
-     ["a global batch of 30 does not split evenly over 4 workers"]),
+     ["a global batch of 30 does not split evenly over 4 workers", "scaling.workers in a YAML config"]),
     (MINIMAL, ["strategy=fsdp", "monitor.repair=true"], ["repair is not possible with strategy='fsdp'"]),
     (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
     (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
