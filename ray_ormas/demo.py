@@ -165,6 +165,7 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
             scaling_config=ScalingConfig(num_workers=workers),
             run_config=RunConfig(name=f"digits-{arm}", storage_path=storage))
         result = trainer.fit()
+        assert result.ormas is not None             # fit() always sets it
         final = result.ormas.final
         results.append(ArmResult(arm=arm, accuracy=result.return_value["test_accuracy"],
                                  channels_repaired=final.get("ormas/channels_repaired", 0),

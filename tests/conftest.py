@@ -1,4 +1,12 @@
-"""Shared fixtures: one real local Ray cluster for the whole test session, stopped at the end.
+"""Shared fixtures: one real local Ray cluster for the whole test session, stopped at the end;
+and the tiers of the suite, as markers (docs/contributing.md):
+
+* `ray`: the test trains on the session's Ray cluster (it uses the `ray_cluster` fixture);
+* `system`: the test starts whole-system processes of its own: fresh virtual environments, a
+  Ray head with `ray start`, `ray job submit`, the MLflow or S3 API server, kustomize;
+* neither: the fast tier (`pytest -m "not ray and not system"`), minutes on a laptop; with
+  `smoke`, one representative fit of each kind is added to it (`pytest -m "smoke or not ray and
+  not system"`).
 
 Workers import the test loops from `tests.loops`, so the repository root goes on PYTHONPATH
 before Ray starts (its worker processes inherit the driver's environment). The controller's
@@ -20,6 +28,19 @@ from .s3_server import S3Server, free_port, s3_environment
 ROOT = Path(__file__).resolve().parent.parent
 S3 = S3Server(free_port())
 os.environ.update(s3_environment(S3.port))
+
+
+SYSTEM_FIXTURES = {"s3", "server", "clone", "ray_head", "ray_head_with_token"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it needs: `ray` (the session's cluster), `system` (processes of its own)."""
+    for item in items:
+        needs = set(getattr(item, "fixturenames", ()))
+        if "ray_cluster" in needs:
+            item.add_marker(pytest.mark.ray)
+        if needs & SYSTEM_FIXTURES:
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture(scope="session")

@@ -367,7 +367,7 @@ print("without auto_monitor: built; ray initialized:", ray.is_initialized())
 
 
 def test_which_frameworks_a_loop_uses_is_read_from_its_code_and_module():
-    from ray_ormas.adoption import frameworks_of
+    from ray_ormas._internal.worker.adoption import frameworks_of
     from .test_adoption_lightning import lightning_train_func
     from .test_adoption_transformers import transformers_train_func
     assert frameworks_of(lightning_train_func) == ("lightning",)
@@ -378,7 +378,7 @@ def test_which_frameworks_a_loop_uses_is_read_from_its_code_and_module():
 def test_a_changed_report_seam_is_said_and_leaves_the_loops_reports_unrouted(caplog, monkeypatch):
     """Ray Train's TrainFnUtils is private: checked against Ray 2.60's, and a change (simulated by
     expecting one more parameter than the installed Ray has) is one error line, not a failure."""
-    from ray_ormas import report_route
+    from ray_ormas._internal.worker import report_route
     assert report_route.check_report_seam() is not None
     monkeypatch.setattr(report_route, "REPORT_PARAMETERS", (*report_route.REPORT_PARAMETERS, "upload_timeout_s"))
     with pytest.raises(report_route.ReportSeamChanged, match=r"TrainFnUtils\.report takes .* not "):
@@ -392,7 +392,7 @@ def test_the_framework_hooks_exist_only_inside_a_ray_ormas_loop():
     import lightning.pytorch as pl
     import transformers
 
-    from ray_ormas.transformers import TrainerHook
+    from ray_ormas._internal.worker.integrations.transformers import TrainerHook
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     assert not any(type(cb).__module__.startswith("ray_ormas") for cb in trainer.callbacks)
     original = transformers.Trainer.train

@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from ormas_monitor import Monitor
 from packaging.requirements import Requirement
 
-from ray_ormas import compat
-from ray_ormas.compat import (GLOBAL_NORMS_NOTE, OWN_FSDP_NOTE, MetricNaming, OrmasCompatError, ShardedGradientMonitor,
-                              check_metrics_file, check_sharded_gradient_seam, flush_metrics)
-from ray_ormas.micro_steps import MicroStepLosses
+from ray_ormas._internal.seams import ormas as compat
+from ray_ormas._internal.seams.ormas import GLOBAL_NORMS_NOTE, OWN_FSDP_NOTE, MetricNaming, OrmasCompatError, ShardedGradientMonitor, check_metrics_file, check_sharded_gradient_seam, flush_metrics
+from ray_ormas._internal.worker.micro_steps import MicroStepLosses
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,7 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_p
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ray_ormas.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ray_ormas", *args], capture_output=True, text=True,
                           timeout=60)
 
 

@@ -19,8 +19,8 @@ from ray.train import RunConfig, ScalingConfig, TrainingFailedError
 
 import ray_ormas
 from ray_ormas import FleetSettings, RayOrmasTrainer
-from ray_ormas.fleet import FleetAnalyzer, _median_without
-from ray_ormas.fleet_metrics import EXPORTED
+from ray_ormas._internal.fleet.analysis import FleetAnalyzer, _median_without
+from ray_ormas._internal.head.fleet_metrics import EXPORTED
 
 from .loops import digits_loop
 
@@ -262,8 +262,8 @@ def test_median_without_one_value(values):
 
 
 def test_yaml_fleet_section(tmp_path):
-    from ray_ormas.job_config import ConfigError, load_config
-    from ray_ormas.train_command import build_trainer
+    from ray_ormas._internal.common.job_config import ConfigError, load_config
+    from ray_ormas._internal.cli.train import build_trainer
     config = Path(__file__).resolve().parent.parent / "examples" / "digits_watch.yaml"
     job = load_config(config, ["fleet.slow_checks=5", "scaling.workers=2", f"storage.path={tmp_path}"])
     assert build_trainer(job).fleet == FleetSettings(slow_checks=5)

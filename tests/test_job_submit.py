@@ -24,6 +24,8 @@ from ormas_monitor.record import verify_run
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.system      # its own Ray head or cluster
+
 BIN = Path(sys.executable).parent
 
 

@@ -178,7 +178,7 @@ def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
 
 
 def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
-    from ray_ormas.tracking import fit_params, flatten_params, shown
+    from ray_ormas._internal.tracking.values import fit_params, flatten_params, shown
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
     flat = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v",
                            "lr@warmup": 3})
@@ -190,7 +190,7 @@ def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
 
 
 def test_relative_stores_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
-    from ray_ormas.tracking import absolute_store_uri
+    from ray_ormas._internal.tracking.values import absolute_store_uri
     monkeypatch.chdir(tmp_path)
     assert absolute_store_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
     assert absolute_store_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
@@ -199,7 +199,7 @@ def test_relative_stores_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
 
 
 def test_a_continued_run_keeps_its_params_and_tags_the_changed_ones(tmp_path):
-    from ray_ormas.mlflow_sync import new_journal, open_run
+    from ray_ormas._internal.tracking.sync import new_journal, open_run
     uri = f"sqlite:///{tmp_path / 'c.db'}"
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("c")).info.run_id
@@ -216,7 +216,7 @@ def test_loop_metrics_keep_numbers_and_skip_the_rest():
     import numpy as np
     import torch
 
-    from ray_ormas.tracking import loop_metrics
+    from ray_ormas._internal.tracking.values import loop_metrics
     kept, skipped = loop_metrics({"a": 1, "b": 2.5, "ok": True, "n": np.float32(0.5), "t": torch.tensor(3.0),
                                   "nan": float("nan"), "inf": float("inf"), "s": "x", "l": [1], "d": {"x": 1},
                                   "none": None, "big": torch.ones(3), "ormas/loss": 1.0, "val/acc@1": 0.5,
@@ -227,7 +227,7 @@ def test_loop_metrics_keep_numbers_and_skip_the_rest():
 
 
 def test_the_checkpoint_policy_picks_none_last_best_or_all():
-    from ray_ormas.mlflow_sync import chosen_checkpoints
+    from ray_ormas._internal.tracking.sync import chosen_checkpoints
     cps = [{"step": s, "path": f"/c{s}", "metrics": {"val": v}} for s, v in ((1, 0.5), (2, 0.2), (3, float("nan")),
                                                                             (4, 0.9))]
     base = {"checkpoints": cps, "final_checkpoint": "/c4", "checkpoint_metric": "val"}
@@ -243,7 +243,7 @@ def test_a_folder_is_uploaded_once_with_empty_and_nested_files(server, tmp_path)
     """The server lists an empty file's size as None; a checkpoint can hold subfolders."""
     import pyarrow.fs as pafs
 
-    from ray_ormas.mlflow_sync import upload_folder
+    from ray_ormas._internal.tracking.sync import upload_folder
     (tmp_path / "ck" / "model" / "shards").mkdir(parents=True)
     (tmp_path / "ck" / "alarms.jsonl").write_text("")
     (tmp_path / "ck" / "model" / "shards" / "0.pt").write_bytes(b"weights")
@@ -262,8 +262,8 @@ def test_a_file_left_in_parts_by_a_crashed_segment_is_uploaded_whole(server, tmp
     (`X.parts/<offset>`); MLflow gets each one whole, as `X`, once, and again when it grew."""
     import pyarrow.fs as pafs
 
-    from ray_ormas.mlflow_sync import upload_folder
-    from ray_ormas.storage import part_name
+    from ray_ormas._internal.tracking.sync import upload_folder
+    from ray_ormas._internal.record.store import part_name
     if where == "s3":
         fs, segment = pafs.FileSystem.from_uri(f"{request.getfixturevalue('s3').bucket()}/run/segment-000")
     else:

@@ -21,6 +21,8 @@ from ray_ormas import open_records
 
 from .conftest import ROOT, temporary_folders
 
+pytestmark = pytest.mark.system      # its own Ray head or cluster
+
 
 def scenario(storage, out, mode: str) -> tuple[dict, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -15,10 +15,10 @@ from ormas_monitor import Monitor
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 
 from ray_ormas import RecordStorageError, open_records
-from ray_ormas.compat import flush_metrics
+from ray_ormas._internal.seams.ormas import flush_metrics
 from ray_ormas.demo import DigitsCNN, load_digits
-from ray_ormas.segments import segment_link
-from ray_ormas.storage import RecordStore
+from ray_ormas._internal.record.segments import segment_link
+from ray_ormas._internal.record.store import RecordStore
 
 
 def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
@@ -101,17 +101,17 @@ def test_report_and_export_commands(tmp_path):
     store = RecordStore.at(tmp_path / "runs" / "r" / "ormas")
     _train(store, 11, close=False, attempt=0)
     _train(store, 6, close=True, attempt=1)
-    run = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "report", str(tmp_path / "runs" / "r"),
+    run = subprocess.run([sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "runs" / "r"),
                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "model/segment-000  attempt 0" in run.stdout and "incomplete (no run_end" in run.stdout
     assert "model/segment-001  attempt 1" in run.stdout and run.stdout.count("verified") == 2
     assert (tmp_path / "out" / "model" / "segment-001" / "report.html").is_file()
-    run = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "export", f"file://{tmp_path}/runs/r",
+    run = subprocess.run([sys.executable, "-m", "ray_ormas", "export", f"file://{tmp_path}/runs/r",
                           "--out", str(tmp_path / "pq")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert pq.read_table(tmp_path / "pq" / "metrics.parquet").num_rows == 3 + 2
-    bad = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "report", str(tmp_path / "nothing")],
+    bad = subprocess.run([sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no ray-ormas record under" in bad.stderr
 

@@ -250,8 +250,8 @@ def test_storage_that_is_down_silent_or_missing_fails_on_the_driver_in_bounded_t
 
 
 def test_storage_is_brought_up_to_date_with_what_is_new(s3, tmp_path):
-    from ray_ormas.storage import RecordStore
-    from ray_ormas.uploads import IncrementalUpload
+    from ray_ormas._internal.record.store import RecordStore
+    from ray_ormas._internal.record.uploads import IncrementalUpload
     store = RecordStore.at(f"{s3.bucket()}/runs/r/ormas")
     local = tmp_path / "segment"
     local.mkdir()

@@ -12,9 +12,10 @@ from ray.train import RunConfig
 
 from ray_ormas import RayOrmasTrainer
 from ray_ormas.demo import DigitsCNN
-from ray_ormas.reporting import EVENT_LIMIT, RecordBuffer, parameter_digest, rank0_metrics
-from ray_ormas.segments import diary_tail
-from ray_ormas.storage import RecordStorageError, RecordStore
+from ray_ormas._internal.worker.reporting import EVENT_LIMIT, RecordBuffer, rank0_metrics
+from ray_ormas._internal.fleet.digest import parameter_digest
+from ray_ormas._internal.record.segments import diary_tail
+from ray_ormas._internal.record.store import RecordStorageError, RecordStore
 
 
 def test_local_segments_are_claimed_in_order_and_never_reused(tmp_path):

@@ -13,9 +13,9 @@ from ray.exceptions import RayTaskError
 from ray.train import ControllerError, RunConfig, ScalingConfig, WorkerGroupError
 
 from ray_ormas import RayOrmasTrainer
-from ray_ormas.capacity import check_capacity, per_worker
-from ray_ormas.failures import describe_failure
-from ray_ormas.paths import RAY_JOB_ENV, StoragePathError, resolve_location
+from ray_ormas._internal.driver.capacity import check_capacity, per_worker
+from ray_ormas._internal.cli.failures import describe_failure
+from ray_ormas._internal.driver.paths import RAY_JOB_ENV, StoragePathError, resolve_location
 
 from .conftest import ROOT
 
@@ -81,7 +81,7 @@ def test_the_trainer_hands_ray_an_absolute_storage_path_and_says_so(tmp_path, mo
 
 
 def test_the_cli_says_where_a_relative_storage_path_goes(tmp_path, capsys, caplog, monkeypatch):
-    from ray_ormas import cli
+    from ray_ormas._internal.cli import main as cli
     monkeypatch.chdir(ROOT)
     caplog.set_level(logging.INFO, logger="ray_ormas")
     code = cli.main(["train", "examples/digits_watch.yaml", "--dry-run", "--set", "storage.path=./tmp-runs-dry"])
@@ -111,7 +111,7 @@ def test_capacity_per_node_and_in_total(ray_cluster):
 def test_the_cli_refuses_workers_a_cluster_it_started_cannot_place(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "ray_ormas.cli", "train", str(ROOT / "examples" / "digits_repair.yaml"),
+    done = subprocess.run([sys.executable, "-m", "ray_ormas", "train", str(ROOT / "examples" / "digits_repair.yaml"),
                            "--set", "scaling.resources_per_worker={CPU: 64}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=150)
     assert done.returncode == 2, done.stderr[-3000:]

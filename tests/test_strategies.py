@@ -18,7 +18,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 import ray_ormas
 from ray_ormas import BatchSize, RayOrmasTrainer
-from ray_ormas.compat import GLOBAL_NORMS_NOTE
+from ray_ormas._internal.seams.ormas import GLOBAL_NORMS_NOTE
 from ray_ormas.demo import DigitsCNN, lesion, load_digits
 
 from . import loops

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from ormas_monitor.record import verify_run
 
-from ray_ormas import BatchSize, FleetSettings, MLflowSettings, MonitorSettings, cli
-from ray_ormas.job_config import ConfigError, load_config, schema_reference
+from ray_ormas import BatchSize, FleetSettings, MLflowSettings, MonitorSettings
+from ray_ormas._internal.cli import main as cli
+from ray_ormas._internal.common.job_config import ConfigError, load_config, schema_reference
 
 from .conftest import ROOT
 
@@ -116,8 +117,8 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
     from ray.train import ScalingConfig
 
     from ray_ormas import RayOrmasTrainer
-    from ray_ormas.job_config import JobConfig
-    from ray_ormas.train_command import build_trainer
+    from ray_ormas._internal.common.job_config import JobConfig
+    from ray_ormas._internal.cli.train import build_trainer
     for cls, values in NOT_DEFAULT.items():
         names = [f.name for f in dataclasses.fields(cls)]
         assert sorted(values) == sorted(names), f"{cls.__name__}: a field is missing here"
@@ -148,7 +149,7 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
 
 
 def test_the_settings_defaults_are_the_yaml_defaults():
-    from ray_ormas.job_config import JobConfig
+    from ray_ormas._internal.common.job_config import JobConfig
     job = JobConfig.from_dict({"name": "n", "loop": {"target": "tests.loops:digits_loop"},
                                "train": {"epochs": 1, "batch": {"size": 4}}})
     assert (job.monitor, job.mlflow, job.fleet) == (MonitorSettings(), MLflowSettings(), FleetSettings())

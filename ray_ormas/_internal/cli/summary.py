@@ -1,0 +1,71 @@
+"""The end-of-run summary `ray-ormas train` prints: per monitor, per layer, what the record says.
+
+    layer      alarms  certified  repaired  stuck at end  status
+    conv2.0         0         32        32             0  repaired
+    conv3.0         0         64         0            64  certified dead
+
+Read from the record itself (the last segment of each monitor in this fit, in storage), so the
+table is what anyone re-reading the record would find. Hooks relied on: the record layout of
+ormas-monitor (diary events `alarm`, `certificate`, `repair` with `layer` and `count`; metrics
+rows with `grad` and `stuck` per layer) and `RecordStore` (storage.py).
+"""
+from __future__ import annotations
+
+import posixpath
+from collections import Counter
+from typing import Any
+
+from ray_ormas._internal.record.store import RecordStore
+
+
+def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
+    """One dict per monitored layer: alarms, certified, repaired, stuck at end, status."""
+    events = store.read_lines(posixpath.join(segment, "diary.jsonl"))
+    rows = store.read_lines(posixpath.join(segment, "metrics.jsonl"))
+    last = rows[-1] if rows else {}
+    alarms: Counter[str | None] = Counter()
+    certified: Counter[str | None] = Counter()
+    repaired: Counter[str | None] = Counter()
+    for e in events:
+        layer = e.get("layer")
+        if e.get("event") == "alarm":
+            alarms[layer] += 1
+        elif e.get("event") == "certificate":
+            certified[layer] += int(e.get("count") or 0)
+        elif e.get("event") == "repair":
+            repaired[layer] += int(e.get("count") or 0)
+    stuck = {layer: sum(v) for layer, v in (last.get("stuck") or {}).items()}
+    layers = list(last.get("grad") or {})
+    layers += [x for x in [*alarms, *certified, *repaired] if x is not None and x not in layers]
+    table = []
+    for layer in layers:
+        status = ("repaired" if repaired[layer] else "certified dead" if certified[layer] and stuck.get(layer)
+                  else "stuck" if stuck.get(layer) else "alarms" if alarms[layer] else "healthy")
+        table.append({"layer": layer, "alarms": alarms[layer], "certified": certified[layer],
+                      "repaired": repaired[layer], "stuck_at_end": stuck.get(layer, 0), "status": status})
+    return table
+
+
+def render(store: RecordStore, records: dict[str, str], mlflow: str | None, fleet: Any = None) -> str:
+    """The summary of a finished fit: a layer table per monitor, the fleet's per-rank table
+    (a FleetSummary, when fleet health was on), then where everything is."""
+    out = []
+    for name, segment in records.items():
+        table = layer_table(store, segment)
+        healthy = sum(r["status"] == "healthy" for r in table)
+        out.append(f"monitor {name!r}: {len(table)} layers, {healthy} healthy")
+        width = max([len("layer"), *(len(r["layer"]) for r in table)])
+        out.append(f"  {'layer':<{width}}  alarms  certified  repaired  stuck at end  status")
+        for r in table:
+            out.append(f"  {r['layer']:<{width}}  {r['alarms']:>6}  {r['certified']:>9}  {r['repaired']:>8}  "
+                       f"{r['stuck_at_end']:>12}  {r['status']}")
+        out.append(f"  record: {store.shown(segment)}")
+        out.append(f"  report: {store.shown(posixpath.join(segment, 'report.html'))}")
+    if fleet is not None:
+        out.append(f"fleet: {len(fleet.ranks)} ranks, {fleet.checks} checks, {len(fleet.alarms)} alarms")
+        out.append(fleet.table())
+        for a in fleet.alarms:
+            out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+        out.append(f"  fleet record: {fleet.record}")
+    out.append(f"MLflow: {mlflow}" if mlflow else "MLflow: off")
+    return "\n".join(out)

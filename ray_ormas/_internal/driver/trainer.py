@@ -1,0 +1,505 @@
+"""RayOrmasTrainer: Ray Train's `TorchTrainer` with an ormas-monitor on every rank (driver side).
+
+    trainer = RayOrmasTrainer(train_loop, train_loop_config={"lr": 1e-3}, repair=True, check_every=20,
+                              scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(name="digits"))
+    result = trainer.fit()           # a ray.train.Result, plus result.ormas
+    result.ormas.record_dir          # rank 0's record: diary.jsonl, metrics.jsonl, report.html, ...
+
+Everything that can be checked without a worker is checked in `__init__`, on the driver, before
+Ray starts anything: the strategy, every monitor option (ormas-monitor's own `MonitorConfig`
+validates the thresholds), `repair` with FSDP, SyncBatchNorm without GPUs, a global batch that
+does not split over the workers, the scaling and run configs, the loop's signature, and that the
+record's storage can be written (storage.py).
+
+Hooks relied on (Ray Train V2):
+
+* `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker.py).
+* `RunConfig.callbacks`: a controller-side `UserCallback` (ledger.py) receives every report's
+  per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
+* `RunConfig.name`, `storage_path`, `storage_filesystem`: the record's place, known before launch
+  (Ray's RunConfig always sets a name). A local storage path (and `record_dir`) is resolved to
+  an absolute one here (paths.py): Ray's controller refuses relative ones only after it started.
+* `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
+  more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import inspect
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow.fs as pafs
+import ray
+from ormas_monitor import MonitorConfig
+from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, ValidationConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ray_ormas._internal.worker.adoption import check_frameworks
+from ray_ormas._internal.driver.capacity import check_capacity
+from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode, check_strategy
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
+from ray_ormas._internal.record.fleet_record import FleetSummary
+from ray_ormas._internal.head.ledger import RunLedger
+from ray_ormas._internal.head.ledger_callback import LedgerCallback
+from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, WriterSpec
+from ray_ormas._internal.driver.paths import resolve_location
+from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.staging import sweep
+from ray_ormas._internal.record.store import RecordStore, resolve
+from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_exists, mlflow_environment, shown
+from ray_ormas._internal.worker.plan import WorkerPlan
+from ray_ormas._internal.worker.loop import wrap_train_loop
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"      # what Ray Train's own state actor is pinned with
+FINISH_TIMEOUT_S = 300      # the writer's last sync and uploads, plus a few requests' timeouts
+
+logger = logging.getLogger("ray_ormas.trainer")
+
+@dataclass(frozen=True)
+class OrmasRun:
+    """What ray-ormas adds to Ray's Result.
+
+    Attributes:
+        store: where the records persist (a pyarrow filesystem and the `ormas` folder on it).
+        records: each monitor's segment of this fit's last attempt, as a path in `store`.
+        record_dir: the main monitor's segment as a local path, when the store is local (a
+            disk or a mount); None on object storage (use `records`, or `open_records()`).
+        report: the main monitor's engineer report (`report.html`), when the store is local and
+            the report was written.
+        final: rank 0's `ormas/...` facts from the last report (counts, loss, steps, ...).
+        reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
+            (index = world rank), exactly as `ray.train.report` delivered them to the controller.
+        worker_errors: for each failed attempt, {rank: "Type: message"}.
+        mlflow_run_id: the fit's MLflow run (None when tracking is off, or the tracker was down
+            for the whole fit: `ray-ormas mlflow-sync` creates it later).
+        tracking_uri: where that run is.
+        mlflow_complete: the run holds everything the record holds (False after an outage that
+            outlasted the fit; None when tracking is off).
+        fleet: fleet health (a `FleetSummary`: per-rank table, alarms, the fleet record's path);
+            None when it is off (`fleet=False`, or a single worker).
+        not_uploaded: on object storage, one message per segment that storage could not take
+            by the end of the fit, naming the node and folder that hold its local copy.
+    """
+
+    store: RecordStore
+    records: dict[str, str]
+    record_dir: Path | None
+    report: Path | None
+    final: dict[str, Any]
+    reports: list[list[dict[str, Any]]] = field(default_factory=list)
+    worker_errors: list[dict[int, str]] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    mlflow_complete: bool | None = None
+    fleet: FleetSummary | None = None
+    not_uploaded: list[str] = field(default_factory=list)
+
+    def digests(self, key: str = "ormas/param_digest") -> list[list[str | None]]:
+        """Per report, each rank's parameter digest: equal digests mean identical replicas."""
+        return [[rank.get(key) for rank in per_rank] for per_rank in self.reports]
+
+    def open_records(self) -> RunRecords:
+        """Every segment of every monitor under this run's record root, readable as Arrow tables."""
+        return RunRecords(self.store)
+
+
+@dataclass
+class RayOrmasResult(Result):
+    """Ray's `Result`, unchanged, plus `ormas` (an `OrmasRun`)."""
+
+    ormas: OrmasRun | None = None
+
+
+class RayOrmasTrainer:
+    """Train with Ray Train's TorchTrainer, an ormas-monitor on every rank.
+
+    Args:
+        train_loop_per_worker: the training loop, `fn()` or `fn(config)`. Inside it,
+            `ray_ormas.prepare_model`, `ray_ormas.monitor` and `mon.step(loss)`.
+        train_loop_config: passed to the loop (a dict).
+        repair: False (watch only), True, or "all" (see ormas-monitor); refused with FSDP.
+        check_every: steps between checks (overrides `monitor_config.check_every`).
+        monitor_config: an `ormas_monitor.MonitorConfig` with every threshold.
+        layers: fnmatch pattern(s) on module names; only those layers are monitored.
+        verbose: rank 0 prints the monitor's events.
+        progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
+        report_every: also report every this many checks (a barrier each time); None: only with
+            the loop's own `ray_ormas.report` calls and once at the end.
+        sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
+            with an error that names the missing ranks.
+        auto_monitor: zero-change mode (docs/adoption.md): a loop written for `TorchTrainer` gets a
+            monitor on each model an optimizer steps, through PyTorch's optimizer step hooks, and
+            its own `ray.train.report` calls carry the record; a Lightning or Transformers trainer
+            gets ormas-monitor's own callback. `ray_ormas.monitor(...)` in the loop wins.
+        record_dir: where the record persists, a local path or a URI pyarrow can open. Default:
+            `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
+            beside Ray's checkpoints. Checked for writing here, before anything starts.
+        strategy: "ddp" (DistributedDataParallel) or "fsdp" (FSDP2 `fully_shard`, on CPU and GPU);
+            see strategies.py and docs/strategies.md.
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm before DDP wraps the model
+            (needs GPU workers: torch refuses SyncBatchNorm on CPU).
+        batch: a `ray_ormas.BatchSize` saying whether the batch size is per rank or global (and
+            the accumulation steps); checked here against num_workers, read in the loop with
+            `ray_ormas.batch_size()`, the effective batch recorded.
+        mlflow: True (default: track in MLflow with `MLflowSettings()`: `MLFLOW_TRACKING_URI`, else
+            an embedded store in the run directory), an `MLflowSettings`, or False (no tracking).
+        fleet: True (default: fleet health with `FleetSettings()` when there is more than one
+            worker), a `FleetSettings`, or False: every rank's timings, loss, non-finite values and
+            parameter digest at every check, stragglers, divergence and non-finite values named
+            (docs/fleet-health.md).
+        scaling_config, run_config, torch_config, datasets, dataset_config, validation_config,
+        metadata, resume_from_checkpoint: as for `TorchTrainer`, passed to it unchanged, and
+            checked by it here (Ray Train V2 refuses metadata and resume_from_checkpoint). With
+            `ScalingConfig(num_workers=0)` (Ray Train's local mode) the loop runs in this process
+            with the monitor, for debugging. Elastic `num_workers=(min, max)` is refused here.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: dict[str, Any] | None = None,
+                 repair: RepairMode = False,
+                 check_every: int | None = None,
+                 monitor_config: MonitorConfig | None = None,
+                 layers: str | Sequence[str] | None = None,
+                 verbose: bool = True,
+                 progress: bool = True,
+                 report_every: int | None = None,
+                 sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+                 auto_monitor: bool = True,
+                 record_dir: str | os.PathLike | None = None,
+                 strategy: str = "ddp",
+                 sync_batchnorm: bool = False,
+                 batch: BatchSize | None = None,
+                 mlflow: MLflowSettings | bool = True,
+                 fleet: FleetSettings | bool = True,
+                 scaling_config: ScalingConfig | None = None,
+                 run_config: RunConfig | None = None,
+                 torch_config: TorchConfig | None = None,
+                 datasets: dict[str, Any] | None = None,
+                 dataset_config: DataConfig | None = None,
+                 validation_config: ValidationConfig | None = None,
+                 metadata: dict[str, Any] | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None,
+                 **unknown: Any) -> None:
+        if unknown:
+            raise TypeError(_unknown_options(unknown))
+        _check_loop(train_loop_per_worker)
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
+        self.strategy = check_strategy(strategy)
+        self.settings = MonitorSettings.build(repair=repair, check_every=check_every, monitor_config=monitor_config,
+                                              layers=layers, verbose=verbose, report_every=report_every,
+                                              sync_timeout_s=sync_timeout_s, progress=progress,
+                                              auto_monitor=auto_monitor)
+        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
+        if not isinstance(self.scaling_config, ScalingConfig):
+            raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
+        workers = self.scaling_config.num_workers
+        if isinstance(workers, tuple):
+            raise ValueError(f"ScalingConfig(num_workers={workers!r}) asks for elastic training, which RayOrmasTrainer "
+                             f"does not run: its report rendezvous, the fleet's rank comparison and a global batch's "
+                             f"split are set up for one world size per fit. Give a fixed num_workers; a restart from "
+                             f"a checkpoint with another num_workers continues the record in a new linked segment")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
+                             f"loop in this process, for debugging), got {workers!r}")
+        if self.strategy == "fsdp" and workers == 0:
+            raise ValueError("strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
+                             "the loop in this process without one: debug with strategy='ddp' (one process, the model "
+                             "left unwrapped), or give num_workers >= 1")
+        if self.strategy == "fsdp" and self.settings.repair:
+            raise ValueError("repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
+                             "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
+                             "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
+                             "work; or strategy='ddp' to repair")
+        if not isinstance(sync_batchnorm, bool):
+            raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
+        if sync_batchnorm and self.strategy != "ddp":
+            raise ValueError("sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
+                             "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself")
+        if sync_batchnorm and not self.scaling_config.use_gpu:
+            raise ValueError("sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
+                             "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
+                             "or leave sync_batchnorm=False on CPU")
+        self.sync_batchnorm = sync_batchnorm
+        if batch is not None and not isinstance(batch, BatchSize):
+            raise TypeError(f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
+                            f"got {type(batch).__name__}")
+        self.world_size = max(workers, 1)                 # local mode (0 workers): the driver is rank 0
+        self.batch = batch.to_dict(self.world_size) if batch is not None else None    # refuses an uneven split
+        self.run_config = run_config if run_config is not None else RunConfig()
+        if not isinstance(self.run_config, RunConfig):
+            raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
+        self.run_config = _with_absolute_storage_path(self.run_config)
+        if record_dir is not None:
+            resolved = resolve_location(record_dir, "record_dir")
+            if resolved.note:
+                logger.warning("[ray-ormas] %s", resolved.note)
+            record_dir = resolved.location
+        self.store = RecordStore.for_run(self.run_config, record_dir)
+        self.store.check_writable()
+        if mlflow is True:
+            mlflow = MLflowSettings()
+        if mlflow is not False and not isinstance(mlflow, MLflowSettings):
+            raise TypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
+        self.mlflow: MLflowSettings | None = mlflow if mlflow and mlflow.enabled else None
+        if self.mlflow is not None and self.mlflow.run_id is not None:
+            check_run_exists(self.mlflow, self._run_dir())
+        self.fleet = _fleet_settings(fleet, self.world_size, self.scaling_config.use_gpu)
+        self.frameworks = check_frameworks(train_loop_per_worker) if self.settings.auto_monitor else ()
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.torch_config = torch_config
+        self.datasets = datasets
+        self.passed_through = {"dataset_config": dataset_config, "validation_config": validation_config,
+                               "metadata": metadata, "resume_from_checkpoint": resume_from_checkpoint}
+        # Ray Train checks its own arguments when a TorchTrainer is built (and refuses some, e.g.
+        # V2's DeprecationWarning for metadata and resume_from_checkpoint): build one now, on the
+        # driver, so that its errors come before anything starts. fit() builds the one that runs.
+        TorchTrainer(train_loop_per_worker, train_loop_config=train_loop_config, torch_config=torch_config,
+                     scaling_config=self.scaling_config, run_config=self.run_config, datasets=datasets,
+                     **self.passed_through)
+
+    def fit(self) -> RayOrmasResult:
+        """Run the training; return Ray's Result with `.ormas` added.
+
+        On failure, raises exactly what `TorchTrainer.fit()` raises (for an error in the loop, a
+        `ray.train.TrainingFailedError` whose `worker_failures` hold the loop's own exception,
+        unchanged), after printing where the record of the failed run is.
+        """
+        if not ray.is_initialized():
+            ray.init()
+            shortfall = check_capacity(self.scaling_config)
+            if shortfall is not None:          # a cluster started here never grows: Ray Train would wait forever
+                ray.shutdown()
+                raise ValueError(f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
+                                 f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
+        fit_id = uuid.uuid4().hex
+        tracking = self._tracking_spec(fit_id)
+        workers, local = self.world_size, self.scaling_config.num_workers == 0
+        fleet = None if self.fleet is None else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name,
+                                                          workers, self.strategy)
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)   # type: ignore[attr-defined]  # a Ray actor class
+        callback = LedgerCallback(ledger, tracking is not None)
+        plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
+                          run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
+                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch,
+                          local_reports=callback if local else None,
+                          frameworks=self.frameworks)
+        run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []), callback])
+        trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
+                               train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
+                               scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets,
+                               **self.passed_through)
+        try:
+            with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
+                result = trainer.fit()
+        except BaseException as e:
+            # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
+            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+            if local and not interrupted:   # the loop's own error, raised here unchanged: tell the ledger
+                with contextlib.suppress(Exception):
+                    ray.get(callback.forward_exception({0: e}), timeout=60)
+            if not interrupted:
+                _sweep_staging(ledger, self.store)
+            _tell_where_the_record_is(ledger, self.store)
+            hang = _hang_error(e)
+            if hang is not None:
+                ledger.fleet_error.remote(hang)
+            _finish_fleet(ledger)
+            self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
+            raise
+        else:
+            snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
+            staging_left = sweep(self.store, snapshot["staged"])
+            fleet_summary = _finish_fleet(ledger)
+            outcome = self._finish_tracking(ledger, "FINISHED", None,
+                                            result.checkpoint.path if result.checkpoint else None)
+        finally:
+            ray.kill(ledger, no_restart=True)
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
+        run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left)
+        if outcome is not None:
+            run = dataclasses.replace(run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri,
+                                      mlflow_complete=outcome.complete)
+        return RayOrmasResult(**fields, ormas=run)
+
+    def _tracking_spec(self, fit_id: str) -> WriterSpec | None:
+        """What the ledger's MLflow writer needs (None when tracking is off). Nothing here talks to
+        MLflow: the writer on the head node does, once training has started."""
+        if self.mlflow is None:
+            return None
+        rc = self.run_config
+        sc = self.scaling_config
+        params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
+                  "strategy": self.strategy, "sync_batchnorm": self.sync_batchnorm, "batch": self.batch or {},
+                  "scaling": {"num_workers": sc.num_workers, "use_gpu": sc.use_gpu,
+                              "resources_per_worker": sc.resources_per_worker or {}},
+                  "ray_run_name": rc.name}
+        uri = absolute_store_uri(self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        settings = dataclasses.replace(self.mlflow, tracking_uri=uri)
+        return WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
+                          run_dir=self._run_dir(), environment=mlflow_environment())
+
+    def _run_dir(self) -> str | None:
+        """The run's folder when its storage is local (home of the embedded MLflow store)."""
+        fs, base = resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
+        return os.path.join(base, self.run_config.name) if isinstance(fs, pafs.LocalFileSystem) else None
+
+    def _finish_tracking(self, ledger: Any, status: str, error: BaseException | None,
+                         checkpoint: str | None) -> TrackingOutcome | None:
+        """Close the run (FINISHED, FAILED or KILLED); say once if MLflow could not take it all."""
+        s = self.mlflow
+        if s is None:
+            return None
+        text = f"{type(error).__name__}: {error}" if error is not None else None
+        try:
+            outcome = ray.get(ledger.finish_tracking.remote(status, text, checkpoint),
+                              timeout=FINISH_TIMEOUT_S + 30 * s.request_timeout_s)
+        except Exception as e:          # the ledger is gone or too slow: the journal and record remain
+            outcome = TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {e}"[:300])
+        if not outcome.complete:
+            logger.warning("[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
+                           "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
+                           "from the record when the tracker is back", outcome.run_id or "(not created yet)",
+                           shown(outcome.tracking_uri or s.tracking_uri or "MLflow"), outcome.error,
+                           self.store.shown())
+        return outcome
+
+
+def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | None:
+    """The fit's fleet settings, or None when fleet health is off (checked on the driver)."""
+    if fleet is True:
+        fleet = FleetSettings() if workers > 1 else None
+    elif fleet is False or isinstance(fleet, FleetSettings) and not fleet.enabled:
+        return None
+    elif not isinstance(fleet, FleetSettings):
+        raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
+    elif workers == 1:
+        logger.warning("[ray-ormas] fleet health compares the ranks with each other; with one worker there is "
+                       "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)")
+        return None
+    if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:
+        raise ValueError(f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
+                         f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)")
+    return fleet
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """Set `env` on the driver for the duration (Ray Train reads its feature flags there); a
+    variable the user already set is left as it is."""
+    added = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _hang_error(error: BaseException) -> str | None:
+    """'NCCLHangError: ...' when Ray's NCCL hang detector ended the fit, else None."""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e).__name__ == HANG_ERROR:
+            return f"{type(e).__name__}: {e}"[:2000]
+        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None)]
+    return None
+
+
+def _sweep_staging(ledger: Any, store: RecordStore) -> None:
+    """After a failed fit: upload what rank 0 staged but could not upload (staging.py)."""
+    try:
+        sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
+    except Exception as e:      # only a courtesy on the way out: the training error propagates as it is
+        logger.warning("[ray-ormas] could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
+
+
+def _finish_fleet(ledger: Any) -> FleetSummary | None:
+    try:
+        return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
+    except Exception as e:          # the record stays as written; training is not affected
+        logger.warning("[ray-ormas] could not finish the fleet record (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
+    """The run config with a local storage path made absolute (paths.py); a path on a
+    filesystem the user gave (other than the local one) is left as it is."""
+    fs = run_config.storage_filesystem
+    if fs is not None and not isinstance(fs, pafs.LocalFileSystem):
+        return run_config
+    resolved = resolve_location(run_config.storage_path, "RunConfig(storage_path=...)")
+    if resolved.note:
+        logger.warning("[ray-ormas] %s", resolved.note)
+    if resolved.location == run_config.storage_path:
+        return run_config
+    return dataclasses.replace(run_config, storage_path=resolved.location)
+
+
+def _on_head_node() -> dict[str, Any]:
+    """Actor options that keep the ledger on the head node (as Ray Train keeps its own state
+    actor), so that losing a worker node never takes it along; else near the driver."""
+    if HEAD_NODE_RESOURCE in ray.cluster_resources():
+        return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
+
+
+def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
+    reports = snapshot["reports"]
+    final = reports[-1][0] if reports else {}
+    records: dict[str, str] = dict(snapshot["records"])
+    main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
+    record_dir = store.local_path(main) if main is not None else None
+    report = record_dir / "report.html" if record_dir is not None and final.get("ormas/report_path") else None
+    return OrmasRun(store=store, records=records, record_dir=record_dir, report=report, final=final,
+                    reports=reports, worker_errors=snapshot["exceptions"])
+
+
+def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
+    try:
+        records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
+    except Exception:       # only a hint on the way out; the training error must propagate as it is
+        return
+    for name, path in records.items():
+        logger.warning("[ray-ormas] training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
+                       "complete with the error in its run_end if rank 0 could close it)", name, store.shown(path))
+
+
+def _check_loop(fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"train_loop_per_worker must be a function fn() or fn(config), got {type(fn).__name__}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) > 1 and len(required) > 1:
+        raise TypeError(f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
+                        f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}")
+
+
+def _unknown_options(unknown: dict[str, Any]) -> str:
+    options = [p.name for p in inspect.signature(RayOrmasTrainer.__init__).parameters.values()
+               if p.kind is p.KEYWORD_ONLY]
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, options, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(options)}; the "
+            f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)")

@@ -1,0 +1,258 @@
+"""The head node's view of the fleet: every rank's facts at a check turned into scores and alarms.
+
+Pure Python, no Ray, no torch: the run ledger (ledger.py) feeds it the facts each rank sends at
+each check (fleet_probe.py) and writes what it returns to the fleet record, MLflow and Ray's
+metrics. bench/components/fleet_scale.py feeds it simulated facts for up to 1,000 ranks.
+
+Per check, once every rank's facts are in (work and output linear in the number of ranks):
+
+* **Straggler score** of rank r, for its busy time b = data_s + forward_s (the part of a step a
+  rank spends before it waits on the others): `relative` = median of the *other* ranks' b over
+  its own b, `individual` = its own best b so far over its current b; both capped at 1 (1 = as
+  fast as the others / as its best). The first check of an attempt is warm-up and not scored.
+  A rank is *slow* at a check when relative < `slow_score` and its excess b - median is at least
+  `min_excess` x the fleet's median step (wall) time. `slow_checks` slow checks in a row raise a
+  `straggler` alarm naming the rank, its node and what is slow: `data` or `compute`, whichever
+  component exceeds the others' median more. After `slow_checks` checks in a row that are not
+  slow, `straggler_recovered` (the same N both ways, so one noisy check does not end an episode).
+* **Divergence** (DDP): the ranks whose parameter digest differs from the majority's, and the
+  first parameter group whose digests differ (a layer's name when a group holds one parameter).
+  One alarm per episode; `divergence_resolved` when the digests agree again.
+* **Non-finite**: the ranks whose loss is NaN/Inf (the source, under DDP: their gradients reach
+  every rank through the all-reduce), else the ranks with non-finite gradients, with the step and
+  the layers. One alarm per episode.
+* **Loss**: the mean of the ranks' finite losses, beside rank 0's.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+
+KEEP_PENDING_CHECKS = 8     # checks waiting for missing ranks are dropped beyond this many
+
+
+@dataclass
+class _RankState:
+    best_busy: float | None = None
+    streak: int = 0             # slow checks in a row
+    fast_streak: int = 0        # checks in a row that were not slow
+    alarmed: bool = False
+
+
+@dataclass
+class CheckOutcome:
+    """What one complete check produced: one row per rank, the alarms, the fleet's loss."""
+    attempt: int
+    check: int
+    step: int
+    run_step: int
+    ranks: list[dict[str, Any]]
+    alarms: list[dict[str, Any]]
+    loss_mean: float | None
+    loss_rank0: float | None
+    min_score: float | None
+
+
+@dataclass
+class FleetAnalyzer:
+    """Scores and alarms of one fit's fleet (see the module docstring)."""
+
+    settings: FleetSettings
+    world: int
+    compare_digests: bool                   # DDP: replicas must agree
+    _pending: dict[tuple[int, int], dict[int, dict[str, Any]]] = field(default_factory=dict)
+    _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
+    _offsets: dict[int, int] = field(default_factory=dict)
+    _group_names: dict[int, list[list[str]]] = field(default_factory=dict)
+    _diverged: bool = False
+    _nonfinite: bool = False
+    dropped_checks: int = 0
+
+    def set_offset(self, attempt: int, offset: int) -> None:
+        """The run step at which attempt `attempt` started (rank 0's record says so)."""
+        self._offsets[attempt] = offset
+
+    def add(self, attempt: int, facts: dict[str, Any]) -> CheckOutcome | None:
+        """One rank's facts at one check; the check's outcome once every rank's are in."""
+        if "group_names" in facts:
+            self._group_names.setdefault(attempt, facts["group_names"])
+        key = (attempt, int(facts["check"]))
+        got = self._pending.setdefault(key, {})
+        got[int(facts["rank"])] = facts
+        if len(got) < self.world:
+            if len(self._pending) > KEEP_PENDING_CHECKS:
+                oldest = min(self._pending)
+                del self._pending[oldest]
+                self.dropped_checks += 1
+            return None
+        del self._pending[key]
+        return self._evaluate(attempt, key[1], [got[r] for r in sorted(got)])
+
+    # ------------------------------------------------------------------ one complete check
+    def _evaluate(self, attempt: int, check: int, facts: list[dict[str, Any]]) -> CheckOutcome:
+        step = int(facts[0]["step"])
+        run_step = step + self._offsets.get(attempt, 0)
+        rows = [{"rank": f["rank"], "node": f.get("node"), "data_s": f.get("data_s"),
+                 "forward_s": f.get("forward_s"), "wall_s": f.get("wall_s"), "loss": f.get("loss"),
+                 "nonfinite": bool(f.get("nonfinite_loss") or f.get("nonfinite_layers")),
+                 "digest": f.get("digest"), "relative_score": None, "individual_score": None,
+                 "slow": False, "slow_in": None} for f in facts]
+        alarms: list[dict[str, Any]] = []
+        where = {"attempt": attempt, "check": check, "step": step, "run_step": run_step}
+        if check > 0:
+            alarms += self._stragglers(attempt, rows, where)
+        if self.compare_digests:
+            alarms += self._divergence(attempt, facts, where)
+        alarms += self._nonfinite_alarm(facts, where)
+        losses = [r["loss"] for r in rows if isinstance(r["loss"], float) and _finite(r["loss"])]
+        scores = [r["relative_score"] for r in rows if r["relative_score"] is not None]
+        return CheckOutcome(attempt=attempt, check=check, step=step, run_step=run_step, ranks=rows, alarms=alarms,
+                            loss_mean=statistics.fmean(losses) if losses else None,
+                            loss_rank0=rows[0]["loss"] if rows and rows[0]["rank"] == 0 else None,
+                            min_score=min(scores) if scores else None)
+
+    def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
+        busy = [_busy(r) for r in rows]
+        timed = [b for b in busy if b is not None]
+        if len(timed) < 2:
+            return []
+        walls = [r["wall_s"] for r in rows if isinstance(r["wall_s"], (int, float))]
+        wall_median = statistics.median(walls) if walls else 0.0
+        sorted_busy = sorted(timed)
+        data = sorted(r["data_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
+        forward = sorted(r["forward_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
+        alarms = []
+        for r, b in zip(rows, busy):
+            if b is None:
+                continue
+            state = self._ranks.setdefault((attempt, r["rank"]), _RankState())
+            others = _median_without(sorted_busy, b)
+            relative = 1.0 if b <= 0 else min(1.0, others / b)
+            state.best_busy = b if state.best_busy is None else min(state.best_busy, b)
+            individual = 1.0 if b <= 0 else min(1.0, state.best_busy / b)
+            excess = b - others
+            slow = relative < self.settings.slow_score and excess >= self.settings.min_excess * wall_median
+            data_excess = (r["data_s"] or 0.0) - _median_without(data, r["data_s"] or 0.0)
+            forward_excess = (r["forward_s"] or 0.0) - _median_without(forward, r["forward_s"] or 0.0)
+            slow_in = "data" if data_excess >= forward_excess else "compute"
+            r.update(relative_score=round(relative, 4), individual_score=round(individual, 4), slow=slow,
+                     slow_in=slow_in if slow else None)
+            state.streak = state.streak + 1 if slow else 0
+            state.fast_streak = 0 if slow else state.fast_streak + 1
+            if slow and state.streak == self.settings.slow_checks and not state.alarmed:
+                state.alarmed = True
+                what = "data loading" if slow_in == "data" else "compute (forward pass)"
+                component = r["data_s"] if slow_in == "data" else r["forward_s"]
+                reference = _median_without(data if slow_in == "data" else forward, component or 0.0)
+                alarms.append({**where, "kind": "straggler", "ranks": [r["rank"]], "node": r["node"],
+                               "slow_in": slow_in, "relative_score": r["relative_score"],
+                               "individual_score": r["individual_score"],
+                               "message": f"rank {r['rank']} on node {r['node']} is slow in {what} for "
+                                          f"{state.streak} checks: {_ms(component)} against the other ranks' "
+                                          f"{_ms(reference)} (straggler score {relative:.2f})"})
+            elif state.alarmed and state.fast_streak == self.settings.slow_checks:
+                # The same N both ways: one noisy check on a loaded node neither raises nor ends an episode.
+                state.alarmed = False
+                alarms.append({**where, "kind": "straggler_recovered", "ranks": [r["rank"]], "node": r["node"],
+                               "message": f"rank {r['rank']} on node {r['node']} is no longer slow for "
+                                          f"{state.fast_streak} checks (straggler score {relative:.2f})"})
+        return alarms
+
+    def _divergence(self, attempt: int, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
+        groups: dict[str | None, list[int]] = {}
+        for f in facts:
+            groups.setdefault(f.get("digest"), []).append(int(f["rank"]))
+        if len(groups) <= 1:
+            if self._diverged:
+                self._diverged = False
+                return [{**where, "kind": "divergence_resolved", "ranks": [], "node": None,
+                         "message": "the replicas' parameters agree again"}]
+            return []
+        if self._diverged:
+            return []
+        self._diverged = True
+        # The majority's digest; on a tie, rank 0's.
+        majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
+        odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
+        by_rank = {int(f["rank"]): f for f in facts}
+        layer = self._first_difference(attempt, by_rank[groups[majority][0]], by_rank[odd[0]])
+        nodes = sorted({str(by_rank[r].get("node")) for r in odd})
+        at = f", first in {layer}" if layer else ""
+        return [{**where, "kind": "divergence", "ranks": odd, "node": ",".join(nodes), "layer": layer,
+                 "message": f"rank(s) {odd} hold parameters that differ from the other replicas' at step "
+                            f"{where['run_step']}{at}: DDP keeps replicas identical, so something changed them "
+                            f"outside the all-reduced update (a per-rank edit, a missed broadcast, nondeterminism)"}]
+
+    def _first_difference(self, attempt: int, a: dict[str, Any], b: dict[str, Any]) -> str | None:
+        names = self._group_names.get(attempt)
+        for i, (x, y) in enumerate(zip(a.get("groups") or [], b.get("groups") or [])):
+            if x != y:
+                if names is None or i >= len(names):
+                    return f"parameter group {i}"
+                first, last = names[i]
+                return _layer(first) if first == last else f"one of {first} ... {last}"
+        return None
+
+    def _nonfinite_alarm(self, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
+        by_loss = [f for f in facts if f.get("nonfinite_loss")]
+        by_grad = [f for f in facts if f.get("nonfinite_layers")]
+        culprits = by_loss or by_grad
+        if not culprits:
+            self._nonfinite = False
+            return []
+        if self._nonfinite:
+            return []
+        self._nonfinite = True
+        ranks = sorted(int(f["rank"]) for f in culprits)
+        layers: list[str] = next((f["nonfinite_layers"] for f in culprits if f.get("nonfinite_layers")), [])
+        source = "loss" if by_loss else "gradients"
+        nodes = sorted({str(f.get("node")) for f in culprits})
+        detail = f"; non-finite gradients in {', '.join(layers)}" if layers else ""
+        everyone = " (every rank)" if len(ranks) == len(facts) and len(facts) > 1 else ""
+        return [{**where, "kind": "nonfinite", "ranks": ranks, "node": ",".join(nodes), "source": source,
+                 "layer": layers[0] if layers else None, "layers": layers,
+                 "message": f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}"}]
+
+
+def hang_alarm(attempt: int, error: str, ranks: list[int]) -> dict[str, Any]:
+    """A fleet alarm for Ray Train's NCCL hang detector (an `NCCLHangError`)."""
+    return {"attempt": attempt, "check": None, "step": None, "run_step": None, "kind": "nccl_hang", "ranks": ranks,
+            "node": None, "message": f"Ray Train's NCCL hang detector stopped the worker group: {error}"[:2000],
+            "time": time.time()}
+
+
+def _busy(row: dict[str, Any]) -> float | None:
+    data, forward = row.get("data_s"), row.get("forward_s")
+    if data is None and forward is None:
+        return None
+    return (data or 0.0) + (forward or 0.0)
+
+
+def _median_without(sorted_values: list[float], value: float) -> float:
+    """The median of `sorted_values` with one occurrence of `value` left out, in O(log n)."""
+    import bisect
+    n = len(sorted_values)
+    if n <= 1:
+        return value
+    p = bisect.bisect_left(sorted_values, value)
+
+    def rest(i: int) -> float:                  # element i of the list without position p
+        return sorted_values[i] if i < p else sorted_values[i + 1]
+    m = n - 1
+    return rest(m // 2) if m % 2 else (rest(m // 2 - 1) + rest(m // 2)) / 2
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def _layer(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else param
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"

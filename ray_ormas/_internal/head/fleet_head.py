@@ -1,0 +1,118 @@
+"""Fleet health on the head node: where every rank's facts go, inside the run ledger actor.
+
+    rank r      RankProbe.checked -> ledger.fleet_facts.remote(token, facts)     (never awaited)
+    ledger      FleetHead.facts   -> FleetAnalyzer (fleet.py): scores and alarms once a check is complete
+                                  -> the fleet record (fleet_record.py), one log line per alarm,
+                                     Ray's metrics (fleet_metrics.py), the fit's MLflow writer
+    controller  after_exception   -> FleetHead.worker_errors (an NCCLHangError becomes an alarm)
+    driver      fit() ends        -> FleetHead.finish -> FleetSummary (result.ormas.fleet)
+
+No process of its own, and no collective or barrier on the workers: ranks send what they measured
+and go on. The head's time per check is measured (analysis, record, metrics, MLflow hand-over)
+and reported in the summary.
+
+Hooks relied on: the ledger's actor calls (ledger.py) and what the modules above rely on.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.record.fleet_record import CHECK_FIELDS, FleetRecordWriter, FleetSummary, fleet_summary, mlflow_entries, read_fleet
+from ray_ormas._internal.record.store import RecordStore
+
+logger = logging.getLogger("ray_ormas.fleet")
+HANG_ERROR = "NCCLHangError"
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What the driver gives the head's fleet view."""
+    settings: FleetSettings
+    store: RecordStore
+    fit_id: str
+    run_name: str
+    world: int
+    strategy: str
+
+
+class FleetHead:
+    """One fit's fleet view on the head node (see the module docstring)."""
+
+    def __init__(self, spec: FleetSpec, tracking: Any = None) -> None:
+        s = spec.settings
+        self._spec = spec
+        self._analyzer = FleetAnalyzer(s, spec.world, compare_digests=s.divergence and spec.strategy == "ddp")
+        self._record = FleetRecordWriter(spec.store, spec.fit_id, {
+            "format": "ray-ormas-fleet", "fit_id": spec.fit_id, "run_name": spec.run_name, "world_size": spec.world,
+            "strategy": spec.strategy, "settings": s.to_dict()})
+        self._gauges = None
+        if s.ray_metrics:
+            try:
+                from ray_ormas._internal.head.fleet_metrics import FleetGauges
+                self._gauges = FleetGauges(spec.run_name)
+            except Exception as e:      # Ray's metrics unavailable: the record and MLflow still get it all
+                logger.warning("[ray-ormas] fleet metrics are off: %s: %s", type(e).__name__, e)
+        self._tracking = tracking
+        self._head_s = 0.0
+        self._complete = 0
+        self._last_run_step = 0
+        self._hangs_seen = False
+
+    def offset(self, attempt: int, offset: int) -> None:
+        self._analyzer.set_offset(attempt, offset)
+
+    def facts(self, attempt: int, facts: dict[str, Any]) -> None:
+        """One rank's facts at one check (fleet_probe.py)."""
+        started = time.thread_time()        # CPU time: what the head spends, not how busy the node is
+        try:
+            outcome = self._analyzer.add(attempt, facts)
+            if outcome is None:
+                return
+            now = round(time.time(), 3)
+            where = {"attempt": outcome.attempt, "check": outcome.check, "step": outcome.step,
+                     "run_step": outcome.run_step, "time": now}
+            lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
+            alarms = [{**a, "time": now} for a in outcome.alarms]
+            self._last_run_step = outcome.run_step
+            self._complete += 1
+            self._emit(lines, alarms, outcome.loss_mean)
+        except Exception as e:          # a malformed fact must not take the ledger down
+            logger.warning("[ray-ormas] fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
+        finally:
+            self._head_s += time.thread_time() - started
+
+    def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
+        """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""
+        hung = sorted(r for r, text in per_rank.items() if text.startswith(HANG_ERROR))
+        if hung:
+            self.hang(attempt, per_rank[hung[0]], hung)
+
+    def hang(self, attempt: int, error: str, ranks: list[int]) -> None:
+        if self._hangs_seen and not ranks:
+            return                      # the same hang, seen again as the fit's own error
+        self._hangs_seen = True
+        alarm = {**hang_alarm(attempt, error, ranks), "run_step": self._last_run_step}
+        self._emit([], [alarm], None)
+
+    def _emit(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
+        self._record.append("checks", lines)
+        self._record.append("alarms", alarms, urgent=True)
+        for a in alarms:
+            logger.warning("[ray-ormas] fleet %s: %s", a["kind"], a["message"])
+        if self._gauges is not None:
+            self._gauges.update(lines, loss_mean, alarms)
+        if self._tracking is not None:
+            self._tracking.fleet(mlflow_entries(lines, alarms, self._spec.settings.mlflow_ranks))
+
+    def finish(self) -> FleetSummary:
+        """The fit ended: close the record, read it back, summarize."""
+        self._record.close()
+        store = self._spec.store
+        _, checks, alarms = read_fleet(store, self._spec.fit_id)
+        per_check = self._head_s / self._complete * 1000 if self._complete else None
+        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check)

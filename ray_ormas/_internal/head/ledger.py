@@ -1,0 +1,183 @@
+"""The run ledger: one small Ray actor per `fit()` that the driver, the controller and the workers share.
+
+It does three things:
+
+* **Rendezvous before every ray-ormas report.** `ray.train.report` is a barrier: if ranks call
+  it different numbers of times (loaders of different lengths, a rank that left its loop early),
+  Ray waits forever. Before ray-ormas calls `ray.train.report`, every rank first meets at the
+  ledger and says which report it is at (`user`, `periodic` or `final`) and at which step. If the
+  ranks disagree, each raises `RankMismatchError` at once; if a rank does not arrive within
+  `sync_timeout_s`, the waiting ranks raise `RankSyncTimeoutError` naming the missing ranks. A
+  clear error instead of a hang. Meetings are keyed by a token that rank 0 draws at the start of
+  each worker-group attempt, so a restarted group never meets the previous one's ranks.
+* **A grace period for rank 0's record.** When a rank's loop raises, Ray tears the whole worker
+  group down as soon as it sees the error. A failing rank other than 0 therefore first gives
+  rank 0 a moment (`wait_for_rank0`): if rank 0 is closing its record too, its `run_end` and
+  upload are not cut off. If rank 0 is busy elsewhere (training, or waiting in a collective),
+  the failing rank waits only a couple of seconds.
+* **The fleet view.** `LedgerCallback` (ledger_callback.py) is a Ray Train `UserCallback`; it runs
+  on the controller,
+  and its `after_report` hook receives one metrics dict per rank (index = world rank) for every
+  report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
+  is exactly what went through `ray.train.report`.
+
+* **The fleet view's home.** With fleet health on, every rank sends its facts at every check
+  (`fleet_facts`, never awaited) and the ledger's `FleetHead` (fleet_head.py) scores them, writes
+  the fleet record, Ray's metrics and the MLflow entries; `finish_fleet` summarizes it.
+
+* **The MLflow writer's home.** When the fit is tracked, the ledger holds the fit's
+  `TrackingWriter` (mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
+  controller's reports (`track_report`) and the end of attempts and of the fit; so the head
+  node is the only one that talks to MLflow, at the cost of no extra process.
+
+The ledger is created by the driver on the head node (as Ray Train pins its own state actor,
+so that losing a worker node never takes the ledger along), lives as long as the driver's
+handle, and is killed by the trainer when `fit()` ends. Rank 0 also checks in at the ledger at
+the start of each worker-group attempt (`begin_attempt`), which numbers the attempts.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from ray_ormas._internal.common.meetings import Arrival
+
+@dataclass
+class _Meeting:
+    arrivals: dict[int, Arrival] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@ray.remote(num_cpus=0)
+class RunLedger:
+    """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
+
+    def __init__(self, world_size: int, tracking: Any = None, fleet: Any = None) -> None:
+        self._world = world_size
+        self._tracking = None
+        if tracking is not None:                # a WriterSpec: the fit is tracked in MLflow
+            from ray_ormas._internal.head.mlflow_writer import TrackingWriter
+            self._tracking = TrackingWriter(tracking)
+        self._fleet = None
+        if fleet is not None:                   # a FleetSpec: fleet health is on (fleet_head.py)
+            from ray_ormas._internal.head.fleet_head import FleetHead
+            self._fleet = FleetHead(fleet, self._tracking)
+        self._meetings: dict[tuple[str, int], _Meeting] = {}
+        self._reports: list[list[dict[str, Any]]] = []
+        self._exceptions: list[dict[int, str]] = []
+        self._records: dict[str, str] = {}
+        self._staged: list[Any] = []            # staging.Staging of every segment on object storage
+        self._rank0_closing: dict[str, asyncio.Event] = {}
+        self._rank0_closed: dict[str, asyncio.Event] = {}
+        self._attempts: list[str] = []
+
+    def begin_attempt(self, token: str) -> int:
+        """Rank 0 of a worker-group attempt checks in; returns the attempt's index (0, 1, ...)."""
+        if token not in self._attempts:
+            self._attempts.append(token)
+        return self._attempts.index(token)
+
+    # -------------------------------------------------------------- fleet health (fleet_head.py)
+    def fleet_offset(self, token: str, offset: int) -> None:
+        """Rank 0: the run step at which this attempt's main monitor starts."""
+        if self._fleet is not None:
+            self._fleet.offset(self.begin_attempt(token), offset)
+
+    def fleet_facts(self, token: str, facts: dict[str, Any]) -> None:
+        """One rank's facts at one check."""
+        if self._fleet is not None:
+            self._fleet.facts(self.begin_attempt(token), facts)
+
+    def fleet_error(self, error: str) -> None:
+        """The fit itself failed with Ray's NCCLHangError (raised by the controller, not a worker)."""
+        if self._fleet is not None:
+            self._fleet.hang(max(len(self._attempts) - 1, 0), error, [])
+
+    async def finish_fleet(self) -> Any:
+        """The fit ended: the fleet's summary (a FleetSummary), or None when fleet health is off."""
+        if self._fleet is None:
+            return None
+        return await asyncio.to_thread(self._fleet.finish)
+
+    async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int,
+                     checkpoint: bool = False) -> dict[int, Arrival]:
+        """Wait until every rank has arrived at meeting (token, seq); return what each said."""
+        m = self._meetings.setdefault((token, seq), _Meeting())
+        m.arrivals[rank] = Arrival(kind, step, checkpoint)
+        if len(m.arrivals) >= self._world:
+            m.done.set()
+        await m.done.wait()
+        return dict(m.arrivals)
+
+    def arrived(self, token: str, seq: int) -> dict[int, Arrival]:
+        """Who has arrived at meeting (token, seq) so far, and with what."""
+        m = self._meetings.get((token, seq))
+        return dict(m.arrivals) if m is not None else {}
+
+    def rank0_closing(self, token: str) -> None:
+        """Rank 0 of attempt `token` started closing its monitors after a failure."""
+        self._rank0_closing.setdefault(token, asyncio.Event()).set()
+
+    def rank0_closed(self, token: str) -> None:
+        self._rank0_closed.setdefault(token, asyncio.Event()).set()
+
+    async def wait_for_rank0(self, token: str, start_s: float, finish_s: float) -> bool:
+        """For a failing rank: give rank 0 `start_s` to start closing its record and `finish_s`
+        to finish, before Ray's teardown would kill it mid-write. True if rank 0 finished."""
+        closing = self._rank0_closing.setdefault(token, asyncio.Event())
+        closed = self._rank0_closed.setdefault(token, asyncio.Event())
+        try:
+            await asyncio.wait_for(closing.wait(), start_s)
+            await asyncio.wait_for(closed.wait(), finish_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def add_report(self, per_rank: list[dict[str, Any]]) -> None:
+        self._reports.append(per_rank)
+
+    def add_exception(self, per_rank: dict[int, str]) -> None:
+        self._exceptions.append(per_rank)
+        if self._fleet is not None:
+            self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)
+
+    def set_record(self, monitor: str, path: str) -> None:
+        self._records[monitor] = path
+
+    def add_staging(self, staging: Any) -> None:
+        """Rank 0 stages a segment on its node (object storage): swept at the end (staging.py)."""
+        self._staged.append(staging)
+
+    def drop_staging(self, segment_path: str) -> None:
+        """Rank 0 uploaded the closed segment and removed its staging folder."""
+        self._staged = [s for s in self._staged if s.segment_path != segment_path]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records),
+                "staged": list(self._staged)}
+
+    # -------------------------------------------------------------- MLflow (mlflow_writer.py)
+    def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
+        if self._tracking is not None:
+            self._tracking.rows(prefix, offset, kind, payload)
+
+    def track_attempt(self, attempt: int, offset: int) -> None:
+        if self._tracking is not None:
+            self._tracking.attempt_started(attempt, offset)
+
+    async def track_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any) -> None:
+        if self._tracking is not None:          # writes the journal to storage: off the event loop
+            await asyncio.to_thread(self._tracking.loop_report, metrics, step, checkpoint)
+
+    def track_attempt_end(self) -> None:
+        if self._tracking is not None:
+            self._tracking.attempt_ended()
+
+    async def finish_tracking(self, status: str, error: str | None, final_checkpoint: str | None) -> Any:
+        """The fit ended: the writer's last sync (a TrackingOutcome), or None when not tracked."""
+        if self._tracking is None:
+            return None
+        return await asyncio.to_thread(self._tracking.finish, status, error, final_checkpoint)

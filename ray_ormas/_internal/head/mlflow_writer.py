@@ -1,0 +1,348 @@
+"""The fit's MLflow writer: it lives in the run ledger actor on the head node (ledger.py), the
+only process that talks to MLflow.
+
+    driver      RunLedger(world, WriterSpec)    -> the ledger builds the TrackingWriter, returns at once
+    rank 0      RowForwarder (an ormas-monitor sink): ledger.track_rows.remote(...) per check, never waits
+    controller  LedgerCallback.after_report     -> ledger.track_report.remote(rank 0's metrics, checkpoint)
+                LedgerCallback.after_exception  -> ledger.track_attempt_end.remote()   (sync that attempt)
+    driver      ledger.finish_tracking(status)  -> drain, sync, artifacts, status; then the ledger goes
+
+Living in the ledger's process costs the start of the fit no process of its own. Calls only
+append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values; beyond it
+the oldest are dropped from memory and come back from the record at the end) and to the
+tracking journal in the run's storage (mlflow_sync.py). One sender thread names rank 0's rows
+(ormas-monitor's MLflowSink, through compat.py), creates the run and sends the outbox in
+batches, about once a second; it waits for rank 0's first check, so importing mlflow and
+creating the store are off the path to the first training step. On any failure it keeps
+everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
+each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
+
+Entries carry the timestamp they were received with, so a batch resent after a timeout that the
+server did store is dropped by MLflow as an exact duplicate.
+
+Hooks relied on: `MlflowClient`, a thread of its own in the ledger actor, and the driver's MLflow
+environment variables handed to the ledger's constructor (so only the driver and the head node
+hold them).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from ray_ormas._internal.tracking.sync import Entry, new_journal, open_run, send_entries, sync_fit, upload_folder, write_journal
+from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.tracking.values import embedded_uri, first_line, loop_metrics, quick_requests, shown
+
+logger = logging.getLogger("ray_ormas.mlflow")
+BACKOFF_S = (1, 2, 4, 8, 16, 30)
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """What the driver gives the writer."""
+    settings: MLflowSettings
+    store: RecordStore
+    fit_id: str
+    run_name: str
+    params: dict[str, Any]
+    run_dir: str | None              # the run's folder when its storage is local (the embedded store's home)
+    environment: dict[str, str]      # MLflow's variables from the driver's environment
+
+
+@dataclass(frozen=True)
+class TrackingOutcome:
+    """What the writer says when the fit ends."""
+    run_id: str | None
+    tracking_uri: str | None
+    complete: bool                   # MLflow holds everything the record and the journal hold
+    error: str | None = None
+    pending: int = 0                 # metric values the run still lacks (then `ray-ormas mlflow-sync`)
+
+
+class TrackingWriter:
+    """The head node's MLflow writer of one fit (see the module docstring)."""
+
+    def __init__(self, spec: WriterSpec) -> None:
+        os.environ.update(spec.environment)
+        s = spec.settings
+        quick_requests(s.request_timeout_s)
+        self._spec = spec
+        self._uri = s.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri(spec.run_dir)
+        self._journal = new_journal(fit_id=spec.fit_id, run_name=spec.run_name, tracking_uri=self._uri,
+                                    experiment=s.experiment_name, mlflow_run_name=s.run_name or spec.run_name,
+                                    tags=dict(s.tags), params=spec.params, run_id=s.run_id,
+                                    log_checkpoints=s.log_checkpoints, checkpoint_metric=s.checkpoint_metric,
+                                    checkpoint_mode=s.checkpoint_mode)
+        self._lock = threading.Lock()           # journal, outbox, tasks: held briefly, never during I/O
+        self._io = threading.Lock()             # one sender at a time: the thread, or finish()
+        self._journal_io = threading.Lock()     # one journal write at a time, each of the newest state
+        self._outbox: deque[tuple[Entry, int]] = deque()
+        self._tasks: deque[int] = deque()       # attempts whose end asks for a sync
+        self._raw: deque[tuple[str, int, str, dict[str, Any], int]] = deque()   # rows not yet named
+        self._uploads: deque[tuple[Path, str]] = deque()   # staged checkpoints (log_checkpoints="all")
+        self._namings: dict[str, Any] = {}
+        self._dropped = 0
+        self._attempt = 0
+        self._closed = False
+        self._client: Any = None
+        self._opened = False
+        self._outage: str | None = None
+        self._journal_failed = False
+        self._wake = threading.Event()
+        self._training = threading.Event()     # set by the first check, report, failed attempt or finish
+        self._save_journal()
+        threading.Thread(target=self._run, name="ray-ormas-mlflow", daemon=True).start()
+
+    # ------------------------------------------------------------------ called by rank 0 and the controller
+    def rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
+        """One monitor row or event from rank 0, its step the segment's; logged at offset + step.
+        Named (ormas-monitor's MLflowSink, which imports mlflow) by the sender thread, later."""
+        with self._lock:
+            if self._closed:
+                return                          # the final sync takes it from the record
+            self._raw.append((prefix, offset, kind, payload, int(time.time() * 1000)))
+            while len(self._raw) > self._spec.settings.max_pending:
+                self._raw.popleft()
+                self._dropped += 1
+        if kind == "metrics":                   # the first check: training has started
+            self._training.set()
+
+    def fleet(self, entries: list[Entry]) -> None:
+        """Fleet health's scores and alarms of one check (fleet_record.mlflow_entries), at run steps."""
+        with self._lock:
+            if not self._closed:
+                self._add(entries)
+
+    def attempt_started(self, attempt: int, offset: int) -> None:
+        """Rank 0's main monitor of a new attempt starts at run step `offset`."""
+        with self._lock:
+            self._attempt = attempt
+            if not self._closed:
+                self._add([("ormas/attempt", float(attempt), int(offset))])
+
+    def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
+        """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""
+        kept, skipped = loop_metrics(metrics)
+        pointer, staged = None, None
+        if checkpoint is not None:
+            try:
+                pointer = checkpoint.get_metadata().get("ormas")
+            except Exception:
+                pointer = None
+            if self._spec.settings.log_checkpoints == "all":
+                staged = _stage(checkpoint)       # now, before num_to_keep can delete it
+        with self._lock:
+            j = self._journal
+            if step is None:
+                step = len(j["reports"])
+            j["reports"].append({"step": int(step), "attempt": self._attempt, "metrics": kept})
+            j["skipped_metrics"] = sorted(set(j["skipped_metrics"]) | set(skipped))
+            entries = [(k, v, int(step)) for k, v in kept.items()]
+            if checkpoint is not None:
+                j["checkpoints"].append({"step": int(step), "path": checkpoint.path, "record": pointer,
+                                         "metrics": kept})
+                entries.append(("ormas/checkpoint", 1.0, int(step)))
+                if staged is not None:
+                    self._uploads.append((staged, posixpath.basename(checkpoint.path.rstrip("/"))))
+            if not self._closed:
+                self._add(entries)
+        self._save_journal()
+        self._training.set()
+        self._wake.set()
+
+    def attempt_ended(self) -> None:
+        """A worker group failed: bring the run up to the record of the attempts so far."""
+        with self._lock:
+            self._tasks.append(self._attempt)
+        self._training.set()
+        self._wake.set()
+
+    def finish(self, status: str, error: str | None, final_checkpoint: str | None) -> TrackingOutcome:
+        """The fit ended: send everything, bring the run up to the record, upload the record's
+        segments (and the chosen checkpoints), set the final status. One try per request."""
+        with self._lock:
+            self._closed = True
+            self._journal.update(status=status, error=error, final_checkpoint=final_checkpoint)
+        self._save_journal()
+        self._training.set()                    # a sender still waiting for training: let it end
+        with self._io:
+            try:
+                result = self._flush(sync_up_to=None, finished=True)
+                return TrackingOutcome(result.run_id if result else None, self._uri, complete=True)
+            except Exception as e:
+                return TrackingOutcome(self._journal.get("run_id"), self._uri, complete=False,
+                                       error=f"{type(e).__name__}: {first_line(e)}",
+                                       pending=len(self._outbox) + len(self._raw) + self._dropped)
+            finally:                            # staged copies never outlive the fit (see mlflow.md)
+                for staged, _ in self._uploads:
+                    shutil.rmtree(staged, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the sender
+    def _add(self, entries: list[Entry]) -> None:
+        now = int(time.time() * 1000)
+        self._outbox.extend((e, now) for e in entries)
+        while len(self._outbox) > self._spec.settings.max_pending:
+            self._outbox.popleft()
+            self._dropped += 1
+
+    def _run(self) -> None:
+        # Nothing touches MLflow (importing it, creating a store, the run) before training has
+        # started: the workers' start-up must not share the head node's CPU with it.
+        self._training.wait()
+        _yield_cpu_to_training()
+        from ray_ormas._internal.seams.ormas import OrmasCompatError     # torch and ormas-monitor: only now
+        failures = 0
+        while True:
+            self._wake.wait(timeout=BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] if failures else 1.0)
+            self._wake.clear()
+            with self._io:
+                if self._closed:
+                    return
+                try:
+                    with self._lock:
+                        task = self._tasks[0] if self._tasks else None
+                    self._flush(sync_up_to=task, finished=False)
+                    if task is not None:
+                        with self._lock:
+                            self._tasks.popleft()
+                except OrmasCompatError as e:       # not an outage: say it loudly, once, and stop
+                    logger.error("[ray-ormas] MLflow tracking stopped: %s", e)
+                    return
+                except Exception as e:
+                    failures += 1
+                    if self._outage is None:
+                        self._outage = f"{type(e).__name__}: {first_line(e)}"
+                        logger.warning("[ray-ormas] MLflow at %s is unreachable (%s); training goes on, rows wait "
+                                       "on the head node (up to %d values; the record keeps all) and are sent "
+                                       "when it answers", shown(self._uri), self._outage,
+                                       self._spec.settings.max_pending)
+                    continue
+                if self._outage is not None:
+                    logger.warning("[ray-ormas] MLflow at %s answers again; the rows that waited are sent",
+                                   shown(self._uri))
+                    self._outage = None
+                failures = 0
+
+    def _flush(self, sync_up_to: int | None, finished: bool) -> Any:
+        """Send what the outbox holds; then, for a finished attempt (`sync_up_to`) or the whole fit
+        (`finished`), what the record and the journal hold that MLflow lacks. The journal is read
+        together with the outbox, so nothing is sent twice."""
+        self._name_rows()
+        client = self._mlflow()
+        with self._lock:
+            batch = list(self._outbox)
+            journal = self._snapshot()
+        for i in range(0, len(batch), 1000):
+            chunk = batch[i:i + 1000]
+            send_entries(client, journal["run_id"], [e for e, _ in chunk], [t for _, t in chunk])
+            with self._lock:
+                for _ in chunk:
+                    self._outbox.popleft()
+        while self._uploads:
+            staged, name = self._uploads[0]
+            upload_folder(client, journal["run_id"], pafs.LocalFileSystem(), str(staged), f"checkpoints/{name}")
+            shutil.rmtree(staged, ignore_errors=True)
+            with self._lock:
+                self._uploads.popleft()
+        if sync_up_to is None and not finished:
+            return None
+        result = sync_fit(client, RunRecords(self._spec.store), journal, up_to_attempt=sync_up_to, finished=finished)
+        if finished:
+            self._dropped = 0
+        return result
+
+    def _name_rows(self) -> None:
+        """Turn rank 0's rows into (name, value, step) entries in the outbox, in arrival order.
+        Only the sender does this (under `_io`), so the namings need no lock."""
+        while True:
+            with self._lock:
+                if not self._raw:
+                    return
+                prefix, offset, kind, payload, stamp = self._raw.popleft()
+            naming = self._namings.get(prefix)
+            if naming is None:                  # imports mlflow; an OrmasCompatError is loud, at once
+                naming = self._namings[prefix] = _naming(prefix)
+            entries = naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset})
+            with self._lock:
+                self._outbox.extend((e, stamp) for e in entries)
+                while len(self._outbox) > self._spec.settings.max_pending:
+                    self._outbox.popleft()
+                    self._dropped += 1
+
+    def _mlflow(self) -> Any:
+        """The client, with the run open (created once, its id in the journal)."""
+        if self._client is None:
+            from mlflow import MlflowClient
+            self._client = MlflowClient(tracking_uri=self._uri)
+        if not self._opened:
+            with self._lock:
+                journal = self._snapshot()
+            run_id = open_run(self._client, journal)
+            with self._lock:
+                self._journal["run_id"] = run_id
+            self._save_journal()
+            self._opened = True
+            logger.debug("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
+        return self._client
+
+    def _snapshot(self) -> dict[str, Any]:
+        """A copy of the journal (the caller holds `_lock`, or nothing else writes it yet)."""
+        return copy.deepcopy(self._journal)
+
+    def _save_journal(self) -> None:
+        """Write the journal as it is now (the caller must not hold `_lock`)."""
+        with self._journal_io:
+            with self._lock:
+                journal = self._snapshot()
+            self._write(journal)
+
+    def _write(self, journal: dict[str, Any]) -> None:
+        try:
+            write_journal(self._spec.store, journal)
+        except Exception as e:                  # storage trouble is the record's to report; MLflow goes on
+            if not self._journal_failed:
+                self._journal_failed = True
+                logger.warning("[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
+                               "reach MLflow only from memory", self._spec.store.shown(), type(e).__name__, e)
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's CPU priority (Linux: a thread is a task with its own nice value): where
+    the head node also trains, as on one machine, MLflow work never competes with a worker."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):       # not Linux, or not allowed: run at normal priority
+        pass
+
+
+def _stage(checkpoint: Any) -> Path | None:
+    """A local copy of a reported checkpoint (on the head node), to upload when MLflow can take it."""
+    staged = Path(tempfile.mkdtemp(prefix="ray-ormas-checkpoint-"))
+    try:
+        pafs.copy_files(checkpoint.path, str(staged), source_filesystem=checkpoint.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+    except Exception as e:
+        shutil.rmtree(staged, ignore_errors=True)
+        logger.warning("[ray-ormas] could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path,
+                       type(e).__name__, e)
+        return None
+    return staged
+
+
+def _naming(prefix: str) -> Any:
+    from ray_ormas._internal.seams.ormas import MetricNaming          # imports mlflow (through ormas-monitor's MLflowSink)
+    return MetricNaming(prefix)

@@ -1,0 +1,263 @@
+"""The fleet record: what the head node concluded at every check, beside the monitors' segments.
+
+Layout, under the record root (storage.py), one folder per `fit()`:
+
+    ormas/fleet/<fit id>/fleet.json      world size, strategy, settings, run name
+    ormas/fleet/<fit id>/checks.jsonl    one line per rank per check: timings, loss, digest, scores
+    ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
+
+Both files are append-only. On a local (or mounted) store the head appends to them in place and
+flushes every line; on object storage it appends to a copy on the head node and sends the new
+lines (uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends). A rerun is another
+fit with its own folder, so nothing a previous fit wrote is touched. `RunRecords.fleet_checks()`
+and `fleet_alarms()` (records.py) read every fit's lines as Arrow tables; `fleet_summary` turns
+one fit's lines into the per-rank table of `result.ormas.fleet` and of `ray-ormas report`.
+
+Hooks relied on: `RecordStore` (pyarrow.fs) only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import posixpath
+import shutil
+import statistics
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.record.uploads import IncrementalUpload
+
+FLEET_DIR = "fleet"
+UPLOAD_EVERY_S = 10.0
+CHECK_FIELDS = ("rank", "node", "data_s", "forward_s", "wall_s", "loss", "nonfinite", "digest", "relative_score",
+                "individual_score", "slow", "slow_in")
+logger = logging.getLogger("ray_ormas.fleet")
+
+
+def fleet_folder(store: RecordStore, fit_id: str) -> str:
+    return posixpath.join(store.root, FLEET_DIR, fit_id)
+
+
+class FleetRecordWriter:
+    """Appends one fit's fleet lines to the record; a failed write is logged once, never raised."""
+
+    def __init__(self, store: RecordStore, fit_id: str, meta: dict[str, Any]) -> None:
+        self._store = store
+        self.path = fleet_folder(store, fit_id)
+        self._local = Path(self.path) if store.is_local else Path(tempfile.mkdtemp(prefix="ray-ormas-fleet-"))
+        self._sync = None if store.is_local else IncrementalUpload(store, self._local, self.path)
+        self._sync_lock = threading.Lock()
+        self._dirty = threading.Event()
+        self._urgent = threading.Event()
+        self._closed = False
+        self._failed = False
+        self.bytes_written = 0
+        try:
+            self._local.mkdir(parents=True, exist_ok=True)
+            (self._local / "fleet.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        except OSError as e:
+            self._fail(e)
+        self._files = {name: self._open(name) for name in ("checks", "alarms")}
+        if not store.is_local:
+            self._dirty.set()
+            threading.Thread(target=self._uploader, name="ray-ormas-fleet-upload", daemon=True).start()
+
+    def _open(self, name: str) -> Any:
+        try:
+            return open(self._local / f"{name}.jsonl", "a", encoding="utf-8")
+        except OSError as e:
+            self._fail(e)
+            return None
+
+    def append(self, name: str, lines: list[dict[str, Any]], urgent: bool = False) -> None:
+        f = self._files.get(name)
+        if f is None or not lines:
+            return
+        try:
+            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+            f.write(text)
+            f.flush()
+            self.bytes_written += len(text.encode())
+        except (OSError, ValueError) as e:
+            self._fail(e)
+            return
+        self._dirty.set()
+        if urgent:
+            self._urgent.set()
+
+    def close(self) -> None:
+        """The fit ended: close the files and upload them one last time (object storage)."""
+        self._closed = True
+        for f in self._files.values():
+            if f is not None:
+                f.close()
+        if self._store.is_local:
+            return
+        if self._upload(final=True):
+            shutil.rmtree(self._local, ignore_errors=True)
+        else:
+            logger.warning("[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
+                           "at %s on the head node: copy its files there when storage is back",
+                           self._store.shown(self.path), self._local)
+
+    def _uploader(self) -> None:
+        while not self._closed:
+            self._urgent.wait(UPLOAD_EVERY_S)
+            self._urgent.clear()
+            if self._dirty.is_set() and not self._closed:
+                self._upload()
+
+    def _upload(self, final: bool = False) -> bool:
+        """Send what is new (all of it, whole, when `final`); False if storage refused."""
+        self._dirty.clear()
+        try:
+            with self._sync_lock:
+                if self._sync is None:
+                    return True
+                if final:
+                    self._sync.finish()
+                else:
+                    self._sync.push()
+        except Exception as e:          # retried at the next alarm, interval or the end
+            self._dirty.set()
+            self._fail(e)
+            return False
+        return True
+
+    def _fail(self, e: BaseException) -> None:
+        if not self._failed:
+            logger.warning("[ray-ormas] could not write the fleet record to %s (%s: %s); training goes on",
+                           self._store.shown(self.path), type(e).__name__, e)
+        self._failed = True
+
+
+# ------------------------------------------------------------------ reading
+def fleet_fits(store: RecordStore) -> list[str]:
+    """The fit ids that have a fleet record under this record root."""
+    try:
+        infos = store.filesystem.get_file_info(pafs.FileSelector(posixpath.join(store.root, FLEET_DIR),
+                                                                 allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(fleet.json, check lines, alarm lines) of one fit; a line cut short by a crash is skipped."""
+    folder = fleet_folder(store, fit_id)
+    raw = store.read_bytes(posixpath.join(folder, "fleet.json"))
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        meta = {}
+    return meta, store.read_lines(posixpath.join(folder, "checks.jsonl")), \
+        store.read_lines(posixpath.join(folder, "alarms.jsonl"))
+
+
+# ------------------------------------------------------------------ the summary
+@dataclass(frozen=True)
+class FleetSummary:
+    """One fit's fleet health: per-rank table, alarms, and where the record is.
+
+    Attributes:
+        record: the fit's fleet folder, as a user would type it.
+        ranks: per rank: node, checks, median data and forward time (ms), last and lowest
+            straggler score, slow checks, checks with non-finite values.
+        alarms: every alarm line (kind, ranks, node, step, message, ...), oldest first.
+        checks: complete checks seen (every rank's facts in).
+        loss_mean / loss_rank0: the fleet's mean loss and rank 0's at the last check.
+        head_ms_per_check: the head node's CPU time per check (analysis, record, metrics, MLflow
+            entries), when measured.
+    """
+
+    record: str
+    ranks: list[dict[str, Any]]
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    checks: int = 0
+    loss_mean: float | None = None
+    loss_rank0: float | None = None
+    head_ms_per_check: float | None = None
+
+    def table(self) -> str:
+        """The per-rank table, as the end-of-run summary prints it."""
+        head = "  rank  node             checks  data ms  fwd ms  score  lowest  slow  non-finite"
+        out = [head]
+        for r in self.ranks:
+            out.append(f"  {r['rank']:>4}  {str(r['node'])[:15]:<15}  {r['checks']:>6}  {_fmt(r['data_ms']):>7}  "
+                       f"{_fmt(r['forward_ms']):>6}  {_fmt(r['score'], 2):>5}  {_fmt(r['lowest_score'], 2):>6}  "
+                       f"{r['slow_checks']:>4}  {r['nonfinite_checks']:>10}")
+        return "\n".join(out)
+
+
+def fleet_summary(record: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]],
+                  head_ms_per_check: float | None = None) -> FleetSummary:
+    """The summary of one fit's check and alarm lines."""
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for line in checks:
+        per_rank.setdefault(int(line["rank"]), []).append(line)
+    ranks = []
+    for rank in sorted(per_rank):
+        lines = per_rank[rank]
+        scores = [x["relative_score"] for x in lines if x.get("relative_score") is not None]
+        ranks.append({"rank": rank, "node": lines[-1].get("node"), "checks": len(lines),
+                      "data_ms": _median_ms(x.get("data_s") for x in lines),
+                      "forward_ms": _median_ms(x.get("forward_s") for x in lines),
+                      "score": scores[-1] if scores else None, "lowest_score": min(scores) if scores else None,
+                      "slow_checks": sum(bool(x.get("slow")) for x in lines),
+                      "nonfinite_checks": sum(bool(x.get("nonfinite")) for x in lines)})
+    last_key = (checks[-1].get("attempt"), checks[-1].get("check")) if checks else None
+    last = [x for x in checks if (x.get("attempt"), x.get("check")) == last_key]
+    losses = [x["loss"] for x in last if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
+    rank0 = next((x.get("loss") for x in last if x.get("rank") == 0), None)
+    n_checks = len({(x.get("attempt"), x.get("check")) for x in checks})
+    return FleetSummary(record=record, ranks=ranks, alarms=list(alarms), checks=n_checks,
+                        loss_mean=statistics.fmean(losses) if losses else None, loss_rank0=rank0,
+                        head_ms_per_check=head_ms_per_check)
+
+
+def _median_ms(values: Any) -> float | None:
+    got = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(got) * 1000 if got else None
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# ------------------------------------------------------------------ MLflow
+def mlflow_entries(checks: list[dict[str, Any]], alarms: list[dict[str, Any]],
+                   mlflow_ranks: int) -> list[tuple[str, float, int]]:
+    """The MLflow metrics (name, value, run step) of fleet lines; the live writer and
+    `ray-ormas mlflow-sync` both use this, so they agree on what the run should hold."""
+    out: list[tuple[str, float, int]] = []
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for line in checks:
+        groups.setdefault((line.get("attempt"), line.get("check")), []).append(line)
+    for lines in groups.values():
+        step = lines[0].get("run_step")
+        if not isinstance(step, int):
+            continue
+        losses = [x["loss"] for x in lines if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
+        if losses:
+            out.append(("fleet/loss_mean", statistics.fmean(losses), step))
+        scores = [x["relative_score"] for x in lines if isinstance(x.get("relative_score"), (int, float))]
+        if scores:
+            out.append(("fleet/min_score", float(min(scores)), step))
+        for x in lines:
+            if x.get("rank") == 0 and isinstance(x.get("loss"), float):
+                out.append(("fleet/loss_rank0", x["loss"], step))
+            if int(x.get("rank", 0)) < mlflow_ranks:
+                for key, name in (("relative_score", "score"), ("individual_score", "individual_score")):
+                    if isinstance(x.get(key), (int, float)):
+                        out.append((f"fleet/rank_{x['rank']}/{name}", float(x[key]), step))
+    for a in alarms:
+        step = a.get("run_step") if isinstance(a.get("run_step"), int) else a.get("last_run_step", 0)
+        out.append((f"fleet/alarms/{a['kind']}", float(len(a.get("ranks") or []) or 1), int(step or 0)))
+    return out

@@ -1,0 +1,392 @@
+"""What a fit's MLflow run should hold, computed from the record, and bringing the run up to it.
+
+The head-node writer (mlflow_writer.py) sends rows as they come; this module is the ground
+truth behind it, used at the end of every attempt and of the fit, and by `ray-ormas mlflow-sync
+RUN` after an outage that outlasted the fit:
+
+* **The tracking journal** (`<record root>/.mlflow/<fit_id>.json`, one per fit, written by the
+  writer to the run's storage, which the head node reaches even while MLflow does not): the
+  tracking URI, experiment, run name, tags and params, the run id once the run exists, every
+  report's loop metrics at their step, every reported checkpoint (step, path, record pointer,
+  metrics), and the fit's final status. The record has the monitor's rows; the journal has the
+  rest, so nothing the run should show lives only in memory.
+* **Expected entries**: (name, value, step) triples. Monitor rows and events of every segment of
+  the fit, named by ormas-monitor's own MLflowSink (compat.MetricNaming) at the run's step
+  (segment step + `step_offset`); `ormas/attempt` = the attempt index at the step each attempt
+  starts from; the loop's metrics at their report's step; `ormas/checkpoint` = 1 at each
+  checkpoint's step.
+* **Sync**: what MLflow lacks (a multiset difference per metric and step, NaN equal to NaN, Inf
+  as MLflow stores it) is sent; record segments and chosen checkpoints are uploaded as artifacts
+  where missing; the final status is set. Running it twice adds nothing.
+
+Hooks relied on: `MlflowClient` (`get_metric_history`, `log_batch`, `list_artifacts`,
+`log_artifact(s)`, `log_dict`, `set_terminated`), the record layout (storage.py, segments.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow.fs as pafs
+
+from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.segments import event_step
+from ray_ormas._internal.record.store import PARTS_SUFFIX, RecordStore, join_parts
+from ray_ormas._internal.tracking.values import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
+
+JOURNAL_DIR = ".mlflow"          # in the record root; a monitor's name cannot start with "."
+JOURNAL_FORMAT = "ray-ormas-mlflow"
+METRICS_PER_BATCH = 1000         # MLflow's limits per log_batch request
+PARAMS_PER_BATCH = 100
+MAX_DOUBLE = 1.7976931348623157e308
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+
+Entry = tuple[str, float, int]   # (metric name, value, step)
+
+
+def journal_path(store: RecordStore, fit_id: str) -> str:
+    return posixpath.join(store.root, JOURNAL_DIR, f"{fit_id}.json")
+
+
+def new_journal(*, fit_id: str, run_name: str, tracking_uri: str, experiment: str, mlflow_run_name: str,
+                tags: dict[str, str], params: dict[str, Any], run_id: str | None,
+                log_checkpoints: str, checkpoint_metric: str | None, checkpoint_mode: str) -> dict[str, Any]:
+    values, cut = fit_params(flatten_params(params))
+    return {"format": JOURNAL_FORMAT, "version": 1, "fit_id": fit_id, "run_name": run_name,
+            "tracking_uri": tracking_uri, "experiment": experiment, "mlflow_run_name": mlflow_run_name,
+            "tags": {"ray_ormas.ray_run_name": run_name, **tags}, "params": values, "truncated_params": cut,
+            "run_id": run_id, "continued": run_id is not None, "status": None, "error": None,
+            "final_checkpoint": None, "log_checkpoints": log_checkpoints, "checkpoint_metric": checkpoint_metric,
+            "checkpoint_mode": checkpoint_mode, "reports": [], "skipped_metrics": [], "checkpoints": []}
+
+
+def write_journal(store: RecordStore, journal: dict[str, Any]) -> None:
+    """Write the journal whole (atomically: a temporary file renamed locally, one object elsewhere)."""
+    path = journal_path(store, journal["fit_id"])
+    data = (json.dumps(journal, indent=1, sort_keys=True) + "\n").encode()
+    store.filesystem.create_dir(posixpath.dirname(path), recursive=True)
+    if store.is_local:
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        Path(tmp).write_bytes(data)
+        os.replace(tmp, path)
+    else:
+        store.write_bytes(path, data)
+
+
+def read_journals(store: RecordStore) -> list[dict[str, Any]]:
+    """Every fit's journal under a record root, oldest first."""
+    folder = posixpath.join(store.root, JOURNAL_DIR)
+    try:
+        infos = store.filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    out = []
+    for info in infos:
+        if info.type == pafs.FileType.File and info.base_name.endswith(".json"):
+            try:
+                journal = json.loads(store.read_bytes(info.path) or b"")
+            except ValueError:
+                continue
+            if isinstance(journal, dict) and journal.get("format") == JOURNAL_FORMAT:
+                out.append((info.mtime_ns or 0, journal))
+    return [j for _, j in sorted(out, key=lambda t: t[0])]
+
+
+# ------------------------------------------------------------------ expected entries
+def loop_entries(journal: dict[str, Any]) -> list[Entry]:
+    out = [(k, float(v), int(r["step"])) for r in journal.get("reports", []) for k, v in r["metrics"].items()]
+    out += [("ormas/checkpoint", 1.0, int(c["step"])) for c in journal.get("checkpoints", [])]
+    return out
+
+
+def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
+    """The monitor's rows, events and attempt starts of one fit, from its record, at run steps."""
+    from ray_ormas._internal.seams.ormas import MetricNaming
+    namings: dict[str, MetricNaming] = {}
+    out: list[Entry] = []
+    for seg in records.segments():
+        attempt = seg.attempt if seg.attempt is not None else 0
+        if seg.link.get("fit_id") != fit_id or (up_to_attempt is not None and attempt > up_to_attempt):
+            continue
+        prefix = seg.link.get("metric_prefix") or "ormas"
+        naming = namings.get(prefix) or namings.setdefault(prefix, MetricNaming(prefix))
+        offset = seg.step_offset
+        if prefix == "ormas":
+            out.append(("ormas/attempt", float(attempt), offset))
+        for row in records.store.read_lines(posixpath.join(seg.path, "metrics.jsonl")):
+            if isinstance(row.get("step"), int):
+                out += naming.entries("metrics", {**row, "step": row["step"] + offset})
+        last = 0
+        for line in records.store.read_lines(posixpath.join(seg.path, "diary.jsonl")):
+            last = event_step(line, last)
+            out += naming.entries("event", {"event": line.get("event"), "step": last + offset})
+    return out
+
+
+def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
+    """Fleet health's scores and alarms of one fit, from its fleet record (fleet_record.py)."""
+    from ray_ormas._internal.record.fleet_record import mlflow_entries, read_fleet
+    meta, checks, alarms = read_fleet(store, fit_id)
+    if not meta:
+        return []
+    if up_to_attempt is not None:
+        checks = [c for c in checks if (c.get("attempt") or 0) <= up_to_attempt]
+        alarms = [a for a in alarms if (a.get("attempt") or 0) <= up_to_attempt]
+    return mlflow_entries(checks, alarms, int((meta.get("settings") or {}).get("mlflow_ranks", 64)))
+
+
+# ------------------------------------------------------------------ comparing and sending
+def canonical(value: float) -> str:
+    """A value as MLflow stores it, for comparing: NaN is NaN, Inf is the largest double."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        value = math.copysign(MAX_DOUBLE, value)
+    return repr(float(value))
+
+
+def missing_entries(client: Any, run_id: str, expected: Iterable[Entry]) -> list[Entry]:
+    """The expected entries MLflow does not have (as many times as they are missing)."""
+    by_key: dict[str, list[Entry]] = {}
+    for e in expected:
+        by_key.setdefault(e[0], []).append(e)
+    out: list[Entry] = []
+    for key, entries in by_key.items():
+        have = Counter((m.step, canonical(m.value)) for m in client.get_metric_history(run_id, key))
+        for e in entries:
+            k = (e[2], canonical(e[1]))
+            if have[k] > 0:
+                have[k] -= 1
+            else:
+                out.append(e)
+    return out
+
+
+def send_entries(client: Any, run_id: str, entries: list[Entry], timestamps: list[int] | None = None) -> None:
+    """log_batch in MLflow's batch size. Each entry gets its own timestamp (given, else now + i ms)
+    so that two equal values at one step stay two (MLflow drops exact duplicates)."""
+    from mlflow.entities import Metric
+    now = int(time.time() * 1000)
+    stamps = timestamps or [now + i for i in range(len(entries))]
+    for i in range(0, len(entries), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=[Metric(k, v, t, s) for (k, v, s), t in
+                                          zip(entries[i:i + METRICS_PER_BATCH], stamps[i:i + METRICS_PER_BATCH])])
+
+
+# ------------------------------------------------------------------ the run itself
+def open_run(client: Any, journal: dict[str, Any]) -> str:
+    """Create the journal's run (or take the existing one) and log its params and tags; return its
+    id. Params already there keep their value (MLflow params are immutable); changes go in a tag."""
+    from mlflow.entities import Param, RunTag
+    existing: dict[str, str] = {}
+    run_id = journal.get("run_id")
+    if run_id:
+        run = client.get_run(run_id)
+        existing = dict(run.data.params)
+        if journal.get("continued") and journal.get("status") is None:
+            client.update_run(run_id, status="RUNNING")
+    else:
+        exp = client.get_experiment_by_name(journal["experiment"])
+        if exp is not None:
+            exp_id = exp.experiment_id
+        else:
+            uri = journal["tracking_uri"]
+            location = None if not uri.startswith("sqlite:") else \
+                Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
+            exp_id = client.create_experiment(journal["experiment"], artifact_location=location)
+        run_id = client.create_run(exp_id, run_name=journal["mlflow_run_name"], tags=journal["tags"]).info.run_id
+    params = journal["params"]
+    changed = [k for k, v in params.items() if k in existing and existing[k] != v]
+    items = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in params.items() if k not in existing]
+    for i in range(0, len(items), PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=items[i:i + PARAMS_PER_BATCH])
+    tags = [RunTag(t, ",".join(keys)[:TAG_VALUE_LIMIT]) for t, keys in
+            (("ray_ormas.truncated_params", journal.get("truncated_params")), ("ray_ormas.changed_params", changed))
+            if keys]
+    if journal.get("continued"):
+        tags += [RunTag(k, v) for k, v in journal["tags"].items()]
+    if tags:
+        client.log_batch(run_id, tags=tags)
+    return run_id
+
+
+def close_run(client: Any, journal: dict[str, Any]) -> None:
+    """Closing tags and the final status, as the journal has them."""
+    from mlflow.entities import RunTag
+    status = journal["status"]
+    tags = [RunTag("ray_ormas.status", status)]
+    if journal.get("error"):
+        tags.append(RunTag("ray_ormas.error", journal["error"][:TAG_VALUE_LIMIT]))
+    if journal.get("final_checkpoint"):
+        tags.append(RunTag("ray_ormas.final_checkpoint", journal["final_checkpoint"][:TAG_VALUE_LIMIT]))
+    if journal.get("skipped_metrics"):
+        tags.append(RunTag("ray_ormas.skipped_metrics", ",".join(journal["skipped_metrics"])[:TAG_VALUE_LIMIT]))
+    client.log_batch(journal["run_id"], tags=tags)
+    client.set_terminated(journal["run_id"], status=status)
+
+
+# ------------------------------------------------------------------ artifacts
+def _artifact_files(client: Any, run_id: str, path: str) -> dict[str, int | None]:
+    """The run's files under `path`, at any depth, by their path relative to `path`."""
+    files: dict[str, int | None] = {}
+    for f in client.list_artifacts(run_id, path):
+        if f.is_dir:
+            files.update({posixpath.join(posixpath.basename(f.path), k): v
+                          for k, v in _artifact_files(client, run_id, f.path).items()})
+        else:
+            files[posixpath.basename(f.path)] = f.file_size
+    return files
+
+
+def _uploaded(have: dict[str, int | None], name: str, size: int | None) -> bool:
+    """Whether the run holds `name` with `size` bytes. The tracking server lists an empty file's
+    size as None."""
+    if name not in have:
+        return False
+    return have[name] == size or (have[name] is None and size == 0)
+
+
+def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, artifact_path: str) -> int:
+    """Upload the files of `folder` (on `fs`) that the run lacks under `artifact_path` (or has
+    with another size); return how many. A file that a segment which never closed left only in
+    parts on object storage (`X.parts/`, uploads.py) is put together and uploaded whole, as `X`.
+    Files not on the local disk go through a temporary folder that is removed again."""
+    have = _artifact_files(client, run_id, artifact_path)
+    infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+    files = {posixpath.relpath(i.path, folder): i for i in infos
+             if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")}
+    in_parts: dict[str, list[pafs.FileInfo]] = {}
+    for rel in [rel for rel in files if posixpath.dirname(rel).endswith(PARTS_SUFFIX)]:
+        whole = posixpath.dirname(rel)[:-len(PARTS_SUFFIX)]
+        info = files.pop(rel)
+        in_parts.setdefault(whole, []).append(info)
+    in_parts = {whole: parts for whole, parts in in_parts.items() if whole not in files}   # closed since
+    todo = [rel for rel, info in files.items() if not _uploaded(have, rel, info.size)]
+    local = isinstance(fs, pafs.LocalFileSystem)
+    staged = in_parts or (todo and not local)
+    staging = Path(tempfile.mkdtemp(prefix="ray-ormas-artifacts-")) if staged else Path()
+    sources: dict[str, str] = {}
+    try:
+        for rel in todo:
+            sources[rel] = files[rel].path if local else _copy_to(staging, rel, fs, files[rel].path)
+        for whole, parts in in_parts.items():
+            data = join_parts((p.base_name, _read(fs, p.path)) for p in parts)
+            if not _uploaded(have, whole, len(data)):
+                sources[whole] = str(staging / whole)
+                Path(sources[whole]).parent.mkdir(parents=True, exist_ok=True)
+                Path(sources[whole]).write_bytes(data)
+        for rel, src in sources.items():
+            sub = posixpath.dirname(rel)
+            client.log_artifact(run_id, src, artifact_path=posixpath.join(artifact_path, sub) if sub else artifact_path)
+    finally:
+        if staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    return len(sources)
+
+
+def _copy_to(staging: Path, rel: str, fs: pafs.FileSystem, path: str) -> str:
+    local = staging / rel
+    local.parent.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return str(local)
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def upload_segments(client: Any, run_id: str, records: RunRecords, fit_id: str) -> int:
+    """Each segment of the fit under `ormas/<monitor>/segment-NNN/`; return the files uploaded."""
+    n = 0
+    for seg in records.segments():
+        if seg.link.get("fit_id") == fit_id:
+            n += upload_folder(client, run_id, records.store.filesystem, seg.path,
+                               f"ormas/{seg.monitor}/{posixpath.basename(seg.path)}")
+    return n
+
+
+def chosen_checkpoints(journal: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reported checkpoints the policy uploads (see MLflowSettings.log_checkpoints)."""
+    checkpoints = journal.get("checkpoints", [])
+    policy = journal.get("log_checkpoints", "none")
+    if policy == "all":
+        return list(checkpoints)
+    if policy == "last":
+        final = journal.get("final_checkpoint")
+        chosen = [c for c in checkpoints if c["path"] == final] or checkpoints[-1:]
+        return chosen[-1:]
+    if policy == "best":
+        metric, sign = journal["checkpoint_metric"], (1 if journal.get("checkpoint_mode", "min") == "min" else -1)
+        scored = [c for c in checkpoints if isinstance(c.get("metrics", {}).get(metric), (int, float))
+                  and not math.isnan(c["metrics"][metric])]
+        return [min(scored, key=lambda c: sign * c["metrics"][metric])] if scored else []
+    return []
+
+
+def upload_checkpoints(client: Any, run_id: str, journal: dict[str, Any], fs: pafs.FileSystem) -> tuple[int, list[str]]:
+    """Upload the chosen checkpoints under `checkpoints/<folder name>/`; (files uploaded, the
+    chosen checkpoints that no longer exist in storage, e.g. removed by `num_to_keep`)."""
+    n, gone = 0, []
+    for c in chosen_checkpoints(journal):
+        path = c["path"]
+        artifact_path = f"checkpoints/{posixpath.basename(path.rstrip('/'))}"
+        if fs.get_file_info(path).type != pafs.FileType.Directory:
+            if not client.list_artifacts(run_id, artifact_path):      # not uploaded before it was deleted
+                gone.append(path)
+            continue
+        n += upload_folder(client, run_id, fs, path, artifact_path)
+    return n, gone
+
+
+# ------------------------------------------------------------------ the whole sync
+@dataclass
+class SyncResult:
+    run_id: str
+    tracking_uri: str
+    sent: int               # metric values sent
+    artifacts: int          # files uploaded
+    created: bool           # the run did not exist yet
+    closed: str | None      # the final status set, if it was not set yet
+    missing_checkpoints: list[str]
+
+
+def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to_attempt: int | None = None,
+             finished: bool = True, checkpoint_fs: pafs.FileSystem | None = None) -> SyncResult:
+    """Bring the fit's run up to its record and journal. `finished`: also artifacts and status."""
+    store = records.store
+    created = not journal.get("run_id")
+    run_id = open_run(client, journal)
+    if created:
+        journal["run_id"] = run_id
+        write_journal(store, journal)
+    expected = (record_entries(records, journal["fit_id"], up_to_attempt) + loop_entries(journal)
+                + fleet_entries(store, journal["fit_id"], up_to_attempt))
+    todo = missing_entries(client, run_id, expected)
+    send_entries(client, run_id, todo)
+    artifacts, closed = 0, None
+    gone: list[str] = []
+    if finished:
+        artifacts = upload_segments(client, run_id, records, journal["fit_id"])
+        from ray_ormas._internal.record.fleet_record import fleet_folder
+        artifacts += upload_folder(client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]),
+                                   f"ormas/fleet/{journal['fit_id']}")
+        if journal.get("checkpoints"):
+            client.log_dict(run_id, journal["checkpoints"], "ray_ormas/checkpoints.json")
+        n, gone = upload_checkpoints(client, run_id, journal, checkpoint_fs or store.filesystem)
+        artifacts += n
+        if journal.get("status") in TERMINAL and client.get_run(run_id).info.status != journal["status"]:
+            close_run(client, journal)
+            closed = journal["status"]
+    return SyncResult(run_id=run_id, tracking_uri=shown(journal["tracking_uri"]), sent=len(todo),
+                      artifacts=artifacts, created=created, closed=closed, missing_checkpoints=gone)

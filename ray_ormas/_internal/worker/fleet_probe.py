@@ -1,0 +1,186 @@
+"""One rank's fleet facts, measured around the monitor's sampled steps and sent to the head node.
+
+Runs on every rank, attached to the main monitor (worker.py). On an unsampled step it costs a
+flag test; the hooks exist only from the end of the step before a sampled one to that sampled
+step's check:
+
+    ... step k-1 ends (mon.step returns)     -> clock read; hooks armed
+    DDP wrapper's forward pre-hook           -> data_s    = now - end of step k-1
+    inner module's forward pre/post hooks    -> forward_s = the forward passes' own time
+    mon.step(loss) of step k is called       -> wall_s    = now - end of step k-1
+    the monitor's check has run              -> loss, digest, non-finite gradients: one host
+                                                read per device; the facts go to the run ledger
+                                                with an actor call that is never awaited
+
+`data_s` covers everything between two steps (loading, host-to-device copy, the previous
+optimizer step); `forward_s` is the forward compute alone: the hook sits inside DDP's wrapper,
+so DDP's buffer broadcast (a collective) is not in it. Backward is not measured: DDP's gradient
+all-reduce overlaps it, so its wall time includes waiting for the slowest rank. On a GPU,
+`forward_s` is measured with CUDA events (device time), read after the monitor's check has
+synchronized; `data_s` and `wall_s` are host time. Under FSDP the forward includes the parameter
+all-gathers, so `forward_s` there is not wait-free (docs/fleet-health.md).
+
+Hooks relied on: `nn.Module.register_forward_pre_hook` / `register_forward_hook`, the
+monitor's public `step_count`, `checks` and `check_every`, `ray.util.get_node_ip_address`.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, read_per_device
+
+GROUPS = 64                 # the parameter list is cut into at most this many digest groups
+NONFINITE_LAYERS_SHOWN = 8
+
+
+class RankProbe:
+    """Fleet facts of the main monitor's model on this rank (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, ledger: Any, token: str, rank: int, node: str) -> None:
+        self._outer = model
+        self._inner = model.module if isinstance(model, DistributedDataParallel) else model
+        self._ledger = ledger
+        self._token = token
+        self._rank = rank
+        self._node = node
+        first = next(iter(model.parameters()), None)
+        self._cuda = first is not None and first.is_cuda
+        self._handles: list[Any] = []
+        self._t_end = time.perf_counter()   # step 0 is sampled: its data time runs from here (warm-up)
+        self._t_step: float | None = None
+        self._data_s: float | None = None
+        self._forward_s = 0.0
+        self._forwards = 0
+        self._started: Any = None
+        self._events: list[tuple[Any, Any]] = []
+        self._group_names: list[list[str]] | None = None
+        self.armed = False
+        self.arm()
+
+    # ------------------------------------------------------------------ timing
+    def arm(self) -> None:
+        """The next step is sampled: start its clock and put the hooks on."""
+        self._t_end = time.perf_counter()
+        self._t_step = self._data_s = self._started = None
+        self._forward_s, self._forwards, self._events = 0.0, 0, []
+        if not self._handles:
+            self._handles = [self._outer.register_forward_pre_hook(self._outer_pre),
+                             self._inner.register_forward_pre_hook(self._inner_pre),
+                             self._inner.register_forward_hook(self._inner_post)]
+        self.armed = True
+
+    def step_called(self) -> None:
+        """mon.step() of a sampled step was called: the rank's step is done but for the check."""
+        self._t_step = time.perf_counter()
+
+    def _training(self, module: nn.Module) -> bool:
+        return module.training and torch.is_grad_enabled()
+
+    def _outer_pre(self, module: nn.Module, inputs: Any) -> None:
+        if self._data_s is None and self._training(module):
+            self._data_s = time.perf_counter() - self._t_end
+
+    def _inner_pre(self, module: nn.Module, inputs: Any) -> None:
+        if not self._training(module):
+            return
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._started = start
+        else:
+            self._started = time.perf_counter()
+
+    def _inner_post(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        if self._started is None:
+            return
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._started, end))
+        else:
+            self._forward_s += time.perf_counter() - self._started
+        self._forwards += 1
+        self._started = None
+
+    def _disarm(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.armed = False
+
+    # ------------------------------------------------------------------ the check
+    def checked(self, check: int, step: int, loss: torch.Tensor | float | None) -> None:
+        """The monitor's check of `step` has run: read this rank's facts, send them, take the
+        hooks off. Never raises: telemetry never breaks training."""
+        wall = time.perf_counter() - self._t_end if self._t_step is None else self._t_step - self._t_end
+        self._disarm()
+        try:
+            facts = self._facts(check, step, loss, wall)
+            self._ledger.fleet_facts.remote(self._token, facts)
+        except Exception:       # a failed read or a gone ledger: the next check tries again
+            pass
+
+    def _facts(self, check: int, step: int, loss: torch.Tensor | float | None, wall: float) -> dict[str, Any]:
+        forward = self._forward_s
+        if self._events:                    # the monitor's check has synchronized the device
+            forward = sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
+        digest, groups, bad_layers = self._readings()
+        loss_value = _loss_value(loss)
+        facts = {"rank": self._rank, "node": self._node, "check": check, "step": step,
+                 "data_s": self._data_s, "forward_s": forward if self._forwards else None, "wall_s": wall,
+                 "forwards": self._forwards, "loss": loss_value,
+                 "nonfinite_loss": loss_value is not None and not math.isfinite(loss_value),
+                 "nonfinite_layers": bad_layers, "digest": digest, "groups": groups}
+        if self._group_names is not None and check <= 1:
+            facts["group_names"] = self._group_names      # once per attempt (and once more, for safety)
+        return facts
+
+    @torch.no_grad()
+    def _readings(self) -> tuple[str, list[str], list[str]]:
+        """(parameter digest, digests of up to GROUPS consecutive parameter groups, layers whose
+        gradient is not finite), with one host read per device."""
+        labels, sums = parameter_checksums(self._outer, gradient_flags=True)
+        rows = read_per_device(sums)
+        raw = [r[:2].tobytes() for r in rows]
+        bounds = _group_bounds(len(labels))
+        groups = [hashlib.sha256(b"".join(raw[a:b]) + "|".join(labels[a:b]).encode()).hexdigest()[:8]
+                  for a, b in bounds]
+        if self._group_names is None:
+            self._group_names = [[_name(labels[a]), _name(labels[b - 1])] for a, b in bounds]
+        bad: list[str] = []
+        for label, row in zip(labels, rows):
+            if not row[2]:
+                name = _name(label)
+                layer = name.rsplit(".", 1)[0] if "." in name else name
+                if layer not in bad:
+                    bad.append(layer)
+        return digest_of(labels, raw), groups, bad[:NONFINITE_LAYERS_SHOWN]
+
+
+def _name(label: str) -> str:
+    """The parameter name of a checksum label `name:shape:dtype`, without DDP's `module.` prefix."""
+    name = label.split(":", 1)[0]
+    return name.removeprefix("module.")
+
+
+def _group_bounds(n: int) -> list[tuple[int, int]]:
+    """[a, b) index ranges cutting n parameters into at most GROUPS consecutive groups."""
+    if n == 0:
+        return []
+    size = -(-n // GROUPS)
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _loss_value(loss: torch.Tensor | float | None) -> float | None:
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() == 0:
+            return None
+        return float(loss.detach().float().mean())
+    return None if loss is None else float(loss)

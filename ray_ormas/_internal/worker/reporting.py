@@ -1,0 +1,128 @@
+"""What a ray-ormas report carries: rank 0's record rows and small facts from every rank.
+
+`RecordBuffer` is an ormas-monitor sink (`sink(kind, payload)`). ormas-monitor calls sinks on
+rank 0 only and only at checks, so it costs nothing on unsampled steps and nothing on other ranks.
+It keeps the latest metrics row and the events written since the last report; `rank0_metrics`
+turns them into flat `ormas/...` keys for `ray.train.report`.
+
+`rank_facts` is what every rank adds: its rank, the loss it last gave the monitor, and a digest
+of its parameters, so a reader can see that DDP replicas (and repairs) stayed identical.
+Under FSDP2 each rank digests its own shards, so the digests differ between ranks by design.
+`parameter_digest` is computed on the parameters' device with one host read: per parameter, two
+int64 checksums of the raw bits (plain and position-weighted), then sha256 over names, shapes
+and checksums. Any bit that differs between two replicas changes it (barring a checksum
+collision, which no real divergence produces); it is not a cryptographic hash of the weights.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ray_ormas._internal.fleet.digest import parameter_digest
+
+progress = logging.getLogger("ray_ormas.progress")
+
+EVENT_LIMIT = 200          # events carried per report; the rest are counted, and stay in the record
+_EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosis")
+
+
+class ProgressPrinter:
+    """Sink that logs one line per check on rank 0 (logger `ray_ormas.progress`, INFO): step, loss,
+    alarms, stuck channels, repairs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alarms = 0
+        self.repairs = 0
+
+    def __call__(self, kind: str, payload: dict) -> None:
+        if kind == "event":
+            event = payload.get("event")
+            self.alarms += event == "alarm"
+            self.repairs += payload.get("count", 0) if event == "repair" else 0
+            return
+        stuck = payload.get("stuck") or {}
+        channels = sum(sum(v) for v in stuck.values())
+        layers = sum(1 for v in stuck.values() if sum(v))
+        loss = payload.get("loss")
+        shown = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+        progress.info(f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
+                      f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
+                      f"repaired {self.repairs:>4} ch")
+
+    def __repr__(self) -> str:
+        return f"ray_ormas.ProgressPrinter({self.name!r})"
+
+
+class RecordBuffer:
+    """Sink that keeps rank 0's latest metrics row and the events since the last report."""
+
+    def __init__(self) -> None:
+        self.latest_row: dict[str, Any] | None = None
+        self.pending: list[dict[str, Any]] = []
+        self.dropped = 0
+        self.certificates = 0
+        self.record_errors = 0
+        self.rows_written = 0               # metrics rows and diary lines so far: a checkpoint's
+        self.events_written = 0             # pointer into the record (see segments.py)
+        self.last_hash: str | None = None
+
+    def __call__(self, kind: str, payload: dict) -> None:
+        if kind == "metrics":
+            self.latest_row = payload
+            self.rows_written += 1
+            return
+        self.events_written += 1
+        self.last_hash = payload.get("hash", self.last_hash)
+        event = payload.get("event")
+        if event == "certificate":
+            self.certificates += 1
+        elif event == "sink_error":
+            self.record_errors += 1
+        if event in ("run_start", "run_end"):
+            return
+        if len(self.pending) < EVENT_LIMIT:
+            self.pending.append({k: payload[k] for k in _EVENT_FIELDS if k in payload})
+        else:
+            self.dropped += 1
+
+    def take_events(self) -> tuple[list[dict[str, Any]], int]:
+        events, dropped = self.pending, self.dropped
+        self.pending, self.dropped = [], 0
+        return events, dropped
+
+    def __repr__(self) -> str:
+        return "ray_ormas.RecordBuffer()"
+
+
+def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> dict[str, Any]:
+    """Flat `ormas/...` keys from rank 0's record: latest row, counts, and the events since the last report."""
+    row = buffer.latest_row or {}
+    stuck = row.get("stuck") or {}
+    events, dropped = buffer.take_events()
+    out: dict[str, Any] = {
+        f"{prefix}check_step": row.get("step"),
+        f"{prefix}loss": row.get("loss"),
+        f"{prefix}stuck_channels": sum(sum(v) for v in stuck.values()),
+        f"{prefix}stuck_layers": sum(1 for v in stuck.values() if sum(v)),
+        f"{prefix}certificates": buffer.certificates,
+        f"{prefix}events": events,
+        f"{prefix}events_dropped": dropped,
+    }
+    out.update({f"{prefix}{k}": v for k, v in counts.items()})
+    return out
+
+
+def rank_facts(prefix: str, rank: int, last_loss: torch.Tensor | float | None, model: nn.Module,
+               steps: int) -> dict[str, Any]:
+    """Facts every rank reports: rank, its own last loss, its steps, and its parameter digest."""
+    loss = None
+    if isinstance(last_loss, torch.Tensor):
+        loss = float(last_loss.detach().float().mean()) if last_loss.numel() else None
+    elif last_loss is not None:
+        loss = float(last_loss)
+    return {f"{prefix}rank_loss": loss, f"{prefix}rank_steps": steps,
+            f"{prefix}param_digest": parameter_digest(model)}

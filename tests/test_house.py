@@ -1,0 +1,90 @@
+"""The house rules, run by the README's test command (so CI runs them): ruff (lint and format),
+mypy on the package, the import contracts (import-linter, configured in pyproject.toml), what a
+worker's imports load, the public surface and its errors.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ray_ormas
+from ray_ormas import errors
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def run_tool(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(Path.home())})
+
+
+def test_ruff_finds_nothing_to_lint():
+    done = run_tool(str(BIN / "ruff"), "check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_finds_nothing_to_format():
+    done = run_tool(str(BIN / "ruff"), "format", "--check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_passes_on_the_package():
+    done = run_tool(str(BIN / "mypy"))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_import_contracts_are_kept():
+    done = run_tool(str(BIN / "lint-imports"), "--no-cache")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+# What a worker process imports: the loop's API, the function Ray runs, the framework callbacks.
+WORKER_ENTRY = ("ray_ormas", "ray_ormas._internal.worker.api", "ray_ormas._internal.worker.loop",
+                "ray_ormas._internal.worker.integrations.lightning", "ray_ormas._internal.worker.integrations.transformers")
+HEAD_SIDE = ("ray_ormas._internal.head", "ray_ormas._internal.tracking", "ray_ormas._internal.driver",
+             "ray_ormas._internal.cli", "mlflow")
+
+
+def test_importing_what_a_worker_needs_loads_nothing_of_the_head_side():
+    code = ("import sys\n"
+            f"for m in {WORKER_ENTRY!r}: __import__(m)\n"
+            "import ray_ormas; ray_ormas.prepare_model, ray_ormas.monitor, ray_ormas.report, ray_ormas.epochs\n"
+            "print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            check=True).stdout.split()
+    assert "ray_ormas._internal.worker.session" in loaded          # the check sees the worker side at all
+    head = [m for m in loaded if m.startswith(HEAD_SIDE)]
+    assert not head, f"a worker's imports load the head side: {head}"
+
+
+def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
+    classes = {name: getattr(errors, name) for name in errors.__all__}
+    builtins = {"ConfigError": ValueError, "OptionError": ValueError, "RecordStorageError": ValueError,
+                "StoragePathError": ValueError, "RankMismatchError": RuntimeError, "OrmasCompatError": RuntimeError,
+                "RankSyncTimeoutError": TimeoutError, "RaySeamChanged": RuntimeError}
+    assert set(classes) == {*builtins, "RayOrmasError"}
+    for name, builtin in builtins.items():
+        assert issubclass(classes[name], errors.RayOrmasError) and issubclass(classes[name], builtin), name
+        assert getattr(ray_ormas, name) is classes[name]
+    # No exception class is defined anywhere else in the package.
+    for path in (ROOT / "ray_ormas").rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b) for b in node.bases}
+                assert not bases & {"Exception", "ValueError", "RuntimeError", "TimeoutError"}, \
+                    f"{path}: {node.name} is an error outside ray_ormas/errors.py"
+
+
+def test_the_public_names_resolve_and_are_all_listed():
+    for name in ray_ormas.__all__:
+        assert getattr(ray_ormas, name) is not None, name
+    with pytest.raises(AttributeError):
+        ray_ormas.worker_session  # noqa: B018
