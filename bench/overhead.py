@@ -42,6 +42,7 @@ one run per point.
 
 The same table on a GPU (NCCL, bf16 autocast), for a machine that has one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ WARMUP = 20
 MODELS = ("digits", "wide", "mlp")
 CONFIGS = {
     "plain": None,
-    "watch": {"repair": False},                        # MLflow on (the default: the embedded store)
+    "watch": {"repair": False},  # MLflow on (the default: the embedded store)
     "watch-nomlflow": {"repair": False, "mlflow": False},
     "repair": {"repair": True},
 }
@@ -71,21 +72,27 @@ def make_model(name: str) -> nn.Module:
     """`digits`: the demo's CNN (7 monitored layers, 26 k parameters); `wide`: 4 conv blocks up to
     256 channels (9 monitored layers, 0.4 M parameters) on 32x32 inputs; `mlp`: 3 linear layers (26 k)."""
     from ray_ormas.demo import DigitsCNN
+
     if name == "digits":
         return DigitsCNN()
     if name == "wide":
+
         def block(i: int, o: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
-        return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), block(128, 256), nn.Flatten(),
-                             nn.Linear(256 * 2 * 2, 10))
+
+        return nn.Sequential(
+            block(3, 32), block(32, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * 2 * 2, 10)
+        )
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
-                             nn.Linear(128, 10))
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
+        )
     raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
 
 
 def make_data(name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     from ray_ormas.demo import load_digits
+
     if name == "wide":
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(512, 3, 32, 32, generator=g), torch.randint(0, 10, (512,), generator=g)
@@ -108,6 +115,7 @@ def _sync(device: torch.device) -> None:
 def _setup(config: dict[str, Any]) -> tuple[torch.device, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     import ray.train
     import ray.train.torch
+
     torch.set_num_threads(1)
     rank = ray.train.get_context().get_world_rank()
     device = ray.train.torch.get_device()
@@ -204,21 +212,29 @@ def paired_auto_loop(config: dict[str, Any]) -> dict[str, Any]:
         torch.manual_seed(0)
         models.append(ray.train.torch.prepare_model(make_model(config["model"])))
         opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
-    opts[1].step()                  # no gradients yet: changes nothing, and leaves replica B unwatched
+    opts[1].step()  # no gradients yet: changes nothing, and leaves replica B unwatched
     criteria = [nn.CrossEntropyLoss(), nn.CrossEntropyLoss()]
     return alternate(config, device, x, y, batches, models, opts, _StepHook(opts), criteria)
 
 
-def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: torch.Tensor,
-              batches: list[torch.Tensor], models: list[nn.Module], opts: list[torch.optim.Optimizer],
-              mon: Any, criteria: list[Any] | None = None) -> dict[str, Any]:
+def alternate(
+    config: dict[str, Any],
+    device: torch.device,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: list[torch.Tensor],
+    models: list[nn.Module],
+    opts: list[torch.optim.Optimizer],
+    mon: Any,
+    criteria: list[Any] | None = None,
+) -> dict[str, Any]:
     """The paired steps: replicas 0 (stepped with `mon`) and 1 (without), alternately."""
     criteria = criteria or [F.cross_entropy, F.cross_entropy]
     times: list[list[float]] = [[], []]
-    in_step: list[float] = []                                   # time inside mon.step() alone
+    in_step: list[float] = []  # time inside mon.step() alone
     for step in range(config["steps"]):
         idx = batches[step % len(batches)]
-        for k in ((0, 1) if step % 2 == 0 else (1, 0)):        # alternate which goes first
+        for k in (0, 1) if step % 2 == 0 else (1, 0):  # alternate which goes first
             model, opt = models[k], opts[k]
             t = time.perf_counter()
             with _autocast(config, device):
@@ -234,12 +250,16 @@ def alternate(config: dict[str, Any], device: torch.device, x: torch.Tensor, y: 
                 mon.before_optimizer_step(k)
             opt.step()
             _sync(device)
-            del loss            # each replica frees its own autograd graph inside its own step time
+            del loss  # each replica frees its own autograd graph inside its own step time
             times[k].append(time.perf_counter() - t)
         if isinstance(mon, _StepHook):
-            in_step[-1] = mon.monitor_step_s()          # the monitor stepped inside optimizer.step()
-    return {"monitored": times[0], "plain": times[1], "in_step": in_step,
-            "first_monitor_step": 1 if isinstance(mon, _StepHook) else 0}
+            in_step[-1] = mon.monitor_step_s()  # the monitor stepped inside optimizer.step()
+    return {
+        "monitored": times[0],
+        "plain": times[1],
+        "in_step": in_step,
+        "first_monitor_step": 1 if isinstance(mon, _StepHook) else 0,
+    }
 
 
 def run_in_process(args: argparse.Namespace) -> None:
@@ -248,11 +268,16 @@ def run_in_process(args: argparse.Namespace) -> None:
     import tempfile
 
     from ormas_monitor import Monitor
+
     torch.set_num_threads(1)
-    print(f"\nin process: ormas-monitor's own Monitor, no Ray, no DDP; paired replicas, check_every="
-          f"{args.check_every}, {args.repeats} runs per model\n")
-    print(f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
-          f"{'unsampled ratio':>15} {'Monitor.step off-check us':>25}")
+    print(
+        f"\nin process: ormas-monitor's own Monitor, no Ray, no DDP; paired replicas, check_every="
+        f"{args.check_every}, {args.repeats} runs per model\n"
+    )
+    print(
+        f"{'model':<7} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+        f"{'unsampled ratio':>15} {'Monitor.step off-check us':>25}"
+    )
     device = torch.device("cpu")
     for model in args.models:
         x, y = make_data(model, device)
@@ -266,80 +291,113 @@ def run_in_process(args: argparse.Namespace) -> None:
                 opts.append(torch.optim.AdamW(models[-1].parameters(), lr=3e-3))
             with tempfile.TemporaryDirectory() as out:
                 mon = Monitor(models[0], opts[0], out=out, check_every=args.check_every, verbose=False)
-                r = paired_row(alternate(_loop_config(args, model, "in-process"), device, x, y, batches, models,
-                                         opts, mon), args.check_every)
+                r = paired_row(
+                    alternate(_loop_config(args, model, "in-process"), device, x, y, batches, models, opts, mon),
+                    args.check_every,
+                )
                 mon.close(report=False)
-            print(f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
-                  f"{r['unsampled_ratio']:>15.3f} {r['off_check_us']:>25.1f}", flush=True)
+            print(
+                f"{model:<7} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} {r['ratio']:>12.3f} "
+                f"{r['unsampled_ratio']:>15.3f} {r['off_check_us']:>25.1f}",
+                flush=True,
+            )
 
 
 def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
     a, b = out["monitored"][WARMUP:], out["plain"][WARMUP:]
-    start = WARMUP - out.get("first_monitor_step", 0)      # the automatic mode's monitor starts at loop step 1
+    start = WARMUP - out.get("first_monitor_step", 0)  # the automatic mode's monitor starts at loop step 1
     off = [i for i in range(len(a)) if (i + start) % check_every != 0]
     on = [i for i in range(len(a)) if (i + start) % check_every == 0]
     in_step = out["in_step"][WARMUP:]
-    return {"plain_ms": 1e3 * statistics.median(b), "monitored_ms": 1e3 * statistics.median(a),
-            "ratio": statistics.median(a) / statistics.median(b),
-            "unsampled_ratio": statistics.median(a[i] for i in off) / statistics.median(b[i] for i in off),
-            "mean_ratio": statistics.fmean(a) / statistics.fmean(b),
-            "check_ms": 1e3 * statistics.median(in_step[i] for i in on) if on else float("nan"),
-            "off_check_us": 1e6 * statistics.median(in_step[i] for i in off)}
+    return {
+        "plain_ms": 1e3 * statistics.median(b),
+        "monitored_ms": 1e3 * statistics.median(a),
+        "ratio": statistics.median(a) / statistics.median(b),
+        "unsampled_ratio": statistics.median(a[i] for i in off) / statistics.median(b[i] for i in off),
+        "mean_ratio": statistics.fmean(a) / statistics.fmean(b),
+        "check_ms": 1e3 * statistics.median(in_step[i] for i in on) if on else float("nan"),
+        "off_check_us": 1e6 * statistics.median(in_step[i] for i in off),
+    }
 
 
 def fit_paired(args: argparse.Namespace, model: str, workers: int, attach: str = "explicit") -> dict[str, Any]:
     from ray.train import RunConfig
 
     from ray_ormas import RayOrmasTrainer
+
     result = RayOrmasTrainer(
         paired_loop if attach == "explicit" else paired_auto_loop,
-        train_loop_config=_loop_config(args, model, "paired"), check_every=args.check_every,
-        verbose=False, fleet=args.fleet == "on", scaling_config=_scaling(args, workers),
-        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage)).fit()
+        train_loop_config=_loop_config(args, model, "paired"),
+        check_every=args.check_every,
+        verbose=False,
+        fleet=args.fleet == "on",
+        scaling_config=_scaling(args, workers),
+        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage),
+    ).fit()
     fleet = result.ormas.fleet
     return {**result.return_value, "head_ms": fleet.head_ms_per_check if fleet is not None else None}
 
 
 def run_paired(args: argparse.Namespace) -> None:
-    print(f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
-          f"{args.check_every}, {args.workers} workers, fleet health {args.fleet}, {args.repeats} runs per model\n")
-    print(f"{'model':<7} {'attach':<8} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
-          f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21} "
-          f"{'head ms/check':>13}")
+    print(
+        f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
+        f"{args.check_every}, {args.workers} workers, fleet health {args.fleet}, {args.repeats} runs per model\n"
+    )
+    print(
+        f"{'model':<7} {'attach':<8} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+        f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21} "
+        f"{'head ms/check':>13}"
+    )
     for model in args.models:
         for rep in range(args.repeats):
-            for attach in (args.attach if rep % 2 == 0 else args.attach[::-1]):    # ABBA: no place favoured
+            for attach in args.attach if rep % 2 == 0 else args.attach[::-1]:  # ABBA: no place favoured
                 out = fit_paired(args, model, args.workers, attach)
                 r = paired_row(out, args.check_every)
                 head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
-                print(f"{model:<7} {attach:<8} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} "
-                      f"{r['ratio']:>12.3f} "
-                      f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
-                      f"{r['off_check_us']:>21.1f} {head:>13}", flush=True)
+                print(
+                    f"{model:<7} {attach:<8} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} "
+                    f"{r['ratio']:>12.3f} "
+                    f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
+                    f"{r['off_check_us']:>21.1f} {head:>13}",
+                    flush=True,
+                )
 
 
 def run_scaling(args: argparse.Namespace) -> None:
-    print(f"\nscaling: the paired measurement, one run per point, check_every={args.check_every}; "
-          f"{os.cpu_count()} CPUs (more workers than CPUs time-share: read the check cost)\n")
-    print(f"{'model':<7} {'params':>8} {'workers':>7} {'plain ms':>9} {'check ms':>9} {'off-check us':>12} "
-          f"{'median ratio':>12} {'head ms/check':>13}")
+    print(
+        f"\nscaling: the paired measurement, one run per point, check_every={args.check_every}; "
+        f"{os.cpu_count()} CPUs (more workers than CPUs time-share: read the check cost)\n"
+    )
+    print(
+        f"{'model':<7} {'params':>8} {'workers':>7} {'plain ms':>9} {'check ms':>9} {'off-check us':>12} "
+        f"{'median ratio':>12} {'head ms/check':>13}"
+    )
     for model in args.models:
         params = sum(p.numel() for p in make_model(model).parameters())
         for workers in args.world_sizes:
             out = fit_paired(args, model, workers)
             r = paired_row(out, args.check_every)
             head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
-            print(f"{model:<7} {params:>8,} {workers:>7} {r['plain_ms']:>9.2f} {r['check_ms']:>9.2f} "
-                  f"{r['off_check_us']:>12.1f} {r['ratio']:>12.3f} {head:>13}", flush=True)
+            print(
+                f"{model:<7} {params:>8,} {workers:>7} {r['plain_ms']:>9.2f} {r['check_ms']:>9.2f} "
+                f"{r['off_check_us']:>12.1f} {r['ratio']:>12.3f} {head:>13}",
+                flush=True,
+            )
 
 
 def _loop_config(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
-    return {"mode": mode, "model": model, "steps": args.steps, "batch_size": args.batch_size,
-            "precision": args.precision}
+    return {
+        "mode": mode,
+        "model": model,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "precision": args.precision,
+    }
 
 
 def _scaling(args: argparse.Namespace, workers: int) -> Any:
     from ray.train import ScalingConfig
+
     return ScalingConfig(num_workers=workers, use_gpu=args.device == "cuda")
 
 
@@ -348,17 +406,28 @@ def run_once(name: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     from ray.train.torch import TorchTrainer
 
     from ray_ormas import RayOrmasTrainer
+
     loop_config = _loop_config(args, model, name)
     run_config = RunConfig(name=f"bench-{model}-{name}-{time.time_ns()}", storage_path=args.storage)
     start = time.time()
     if name == "plain":
-        result = TorchTrainer(bench_loop, train_loop_config=loop_config, scaling_config=_scaling(args, args.workers),
-                              run_config=run_config).fit()
+        result = TorchTrainer(
+            bench_loop,
+            train_loop_config=loop_config,
+            scaling_config=_scaling(args, args.workers),
+            run_config=run_config,
+        ).fit()
     else:
         options = {**CONFIGS, **WITH_REPORT}[name]
-        result = RayOrmasTrainer(bench_loop, train_loop_config=loop_config, check_every=args.check_every,
-                                 verbose=False, scaling_config=_scaling(args, args.workers), run_config=run_config,
-                                 **options).fit()
+        result = RayOrmasTrainer(
+            bench_loop,
+            train_loop_config=loop_config,
+            check_every=args.check_every,
+            verbose=False,
+            scaling_config=_scaling(args, args.workers),
+            run_config=run_config,
+            **options,
+        ).fit()
     out = result.return_value
     out["startup"] = out["first_step_at"] - start
     out["fit_s"] = time.time() - start
@@ -375,13 +444,19 @@ def summarize(runs: dict[str, list[dict[str, Any]]], check_every: int) -> list[d
             means.append(statistics.fmean(ts))
             sampled += [t for i, t in enumerate(r["times"]) if i >= WARMUP and i % check_every == 0]
             unsampled += [t for i, t in enumerate(r["times"]) if i >= WARMUP and i % check_every != 0]
-        rows.append({"config": name, "median_ms": 1e3 * statistics.median(medians),
-                     "min_ms": 1e3 * min(medians), "max_ms": 1e3 * max(medians),
-                     "mean_ms": 1e3 * statistics.median(means),
-                     "sampled_ms": 1e3 * statistics.median(sampled) if sampled else float("nan"),
-                     "unsampled_ms": 1e3 * statistics.median(unsampled),
-                     "startup_s": statistics.median(r["startup"] for r in rs),
-                     "fit_s": statistics.median(r["fit_s"] for r in rs)})
+        rows.append(
+            {
+                "config": name,
+                "median_ms": 1e3 * statistics.median(medians),
+                "min_ms": 1e3 * min(medians),
+                "max_ms": 1e3 * max(medians),
+                "mean_ms": 1e3 * statistics.median(means),
+                "sampled_ms": 1e3 * statistics.median(sampled) if sampled else float("nan"),
+                "unsampled_ms": 1e3 * statistics.median(unsampled),
+                "startup_s": statistics.median(r["startup"] for r in rs),
+                "fit_s": statistics.median(r["fit_s"] for r in rs),
+            }
+        )
     plain = rows[0]
     for row in rows:
         row["ratio"] = row["median_ms"] / plain["median_ms"]
@@ -399,20 +474,31 @@ def run_table(args: argparse.Namespace) -> None:
         for rep in range(args.repeats):
             for name in configs:
                 runs[name].append(run_once(name, model, args))
-                print(f"{model} repeat {rep + 1}/{args.repeats} {name}: median "
-                      f"{1e3 * statistics.median(runs[name][-1]['times'][WARMUP:]):.2f} ms/step", flush=True)
+                print(
+                    f"{model} repeat {rep + 1}/{args.repeats} {name}: median "
+                    f"{1e3 * statistics.median(runs[name][-1]['times'][WARMUP:]):.2f} ms/step",
+                    flush=True,
+                )
         rows = summarize(runs, args.check_every)
-        print(f"\n{model}: {args.workers} workers ({args.device}, {args.precision}), batch {args.batch_size}/rank, "
-              f"{args.steps} steps, check_every={args.check_every}, {args.repeats} repeats interleaved; "
-              f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-        print(f"{'config':<15} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ratio':>10} "
-              f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} {'start ratio':>11} "
-              f"{'fit s':>6}")
+        print(
+            f"\n{model}: {args.workers} workers ({args.device}, {args.precision}), batch {args.batch_size}/rank, "
+            f"{args.steps} steps, check_every={args.check_every}, {args.repeats} repeats interleaved; "
+            f"torch {torch.__version__}, {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'config':<15} {'median ms':>9} {'min-max':>13} {'ratio':>6} {'mean ratio':>10} "
+            f"{'unsampled':>9} {'unsamp.ratio':>12} {'sampled':>8} {'check cost':>10} {'startup s':>9} "
+            f"{'start ratio':>11} "
+            f"{'fit s':>6}"
+        )
         for r in rows:
-            print(f"{r['config']:<15} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} "
-                  f"{r['ratio']:>6.3f} {r['mean_ratio']:>10.3f} {r['unsampled_ms']:>9.2f} "
-                  f"{r['unsampled_ratio']:>12.3f} {r['sampled_ms']:>8.2f} {r['check_cost_ms']:>10.2f} "
-                  f"{r['startup_s']:>9.2f} {r['startup_ratio']:>11.3f} {r['fit_s']:>6.1f}", flush=True)
+            print(
+                f"{r['config']:<15} {r['median_ms']:>9.2f} {r['min_ms']:>6.2f}-{r['max_ms']:<6.2f} "
+                f"{r['ratio']:>6.3f} {r['mean_ratio']:>10.3f} {r['unsampled_ms']:>9.2f} "
+                f"{r['unsampled_ratio']:>12.3f} {r['sampled_ms']:>8.2f} {r['check_cost_ms']:>10.2f} "
+                f"{r['startup_s']:>9.2f} {r['startup_ratio']:>11.3f} {r['fit_s']:>6.1f}",
+                flush=True,
+            )
         print()
 
 
@@ -429,21 +515,34 @@ def main() -> None:
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--storage", default="/tmp/ray_ormas_bench")
     p.add_argument("--paired", action="store_true", help="only the paired measurement (monitored vs plain replica)")
-    p.add_argument("--attach", nargs="+", choices=("explicit", "auto"), default=["explicit"],
-                   help="paired runs: the monitored replica watched by ray_ormas.monitor (explicit) or by the "
-                        "optimizer step hook (auto, an unchanged Ray Train loop); several alternate")
+    p.add_argument(
+        "--attach",
+        nargs="+",
+        choices=("explicit", "auto"),
+        default=["explicit"],
+        help="paired runs: the monitored replica watched by ray_ormas.monitor (explicit) or by the "
+        "optimizer step hook (auto, an unchanged Ray Train loop); several alternate",
+    )
     p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--in-process", action="store_true",
-                   help="the paired measurement with ormas-monitor's own Monitor in this process, without Ray")
-    p.add_argument("--fleet", choices=("on", "off"), default="on",
-                   help="fleet health in the paired and scaling runs (on: the default with more than one worker)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the paired measurement with ormas-monitor's own Monitor in this process, without Ray",
+    )
+    p.add_argument(
+        "--fleet",
+        choices=("on", "off"),
+        default="on",
+        help="fleet health in the paired and scaling runs (on: the default with more than one worker)",
+    )
     args = p.parse_args()
     if args.in_process:
         run_in_process(args)
         return
 
     import ray
+
     cpus = max(args.workers, *args.world_sizes, 2) if args.scaling else max(args.workers, 2)
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     try:

@@ -5,6 +5,7 @@ conv3 zeroed: two dead layers for the monitor to find (watch) and heal (repair).
 live in `ray_ormas.demo` (so an installed package, e.g. in a cluster image, has them too:
 `ray_ormas.demo:cnn`); this module is where a project's own factories would go.
 """
+
 from ray_ormas.demo import cnn, datasets
 
 __all__ = ["cnn", "datasets"]

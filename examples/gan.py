@@ -5,6 +5,7 @@ own optimizer and its own monitor, so each gets its own record: `ormas/generator
 and `ormas/discriminator/segment-000`. The loop gets the whole config as a dict; it reads
 `train.epochs` and the per-rank batch size (`ray_ormas.batch_size()`, from `train.batch`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,9 +32,10 @@ def train_loop(config: dict[str, Any]) -> dict[str, float]:
     torch.manual_seed(config["train"]["seed"])
     device = ray.train.torch.get_device()
     x, _, _, _ = load_digits(0)
-    real_images = TensorDataset(x.reshape(len(x), -1) * 2 - 1)               # 8x8 digits in [-1, 1]
+    real_images = TensorDataset(x.reshape(len(x), -1) * 2 - 1)  # 8x8 digits in [-1, 1]
     loader = ray.train.torch.prepare_data_loader(
-        DataLoader(real_images, batch_size=ray_ormas.batch_size(), shuffle=True, drop_last=True))
+        DataLoader(real_images, batch_size=ray_ormas.batch_size(), shuffle=True, drop_last=True)
+    )
     gen, disc = ray_ormas.prepare_model(generator()), ray_ormas.prepare_model(discriminator())
     opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))

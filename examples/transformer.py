@@ -5,6 +5,7 @@ counts up by a step that depends on its first token, modulo the vocabulary, so t
 learnable in a few hundred steps. Under FSDP the monitor records gradient alarms, loss checks
 and global gradient norms; channel checks, the certificate and repair are off (sharded weights).
 """
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ The names are imported when first used (PEP 562), so a process that needs only a
 ray-ormas (the run ledger and the MLflow writer on the head node, the command line) does not pay
 for importing torch and Ray Train.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,38 +23,86 @@ install_default_handler()
 
 try:
     __version__ = version("ray-ormas")
-except PackageNotFoundError:      # running from a source tree that was not installed
+except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
 _WHERE = {
     # driver: the trainer and what fit() returns
-    "OrmasRun": "_internal.driver.trainer", "RayOrmasResult": "_internal.driver.trainer",
+    "OrmasRun": "_internal.driver.trainer",
+    "RayOrmasResult": "_internal.driver.trainer",
     "RayOrmasTrainer": "_internal.driver.trainer",
     # settings, validated on the driver and shipped to every rank
-    "BatchSize": "_internal.common.settings", "MonitorSettings": "_internal.common.settings",
-    "FleetSettings": "_internal.common.fleet_settings", "MLflowSettings": "_internal.common.mlflow_settings",
+    "BatchSize": "_internal.common.settings",
+    "MonitorSettings": "_internal.common.settings",
+    "FleetSettings": "_internal.common.fleet_settings",
+    "MLflowSettings": "_internal.common.mlflow_settings",
     # inside the training loop, on every worker
-    "WorkerMonitor": "_internal.worker.monitor", "batch_size": "_internal.worker.api",
-    "monitor": "_internal.worker.api", "prepare_model": "_internal.worker.api", "report": "_internal.worker.api",
-    "TrainState": "_internal.worker.checkpointing", "load_checkpoint": "_internal.worker.checkpointing",
+    "WorkerMonitor": "_internal.worker.monitor",
+    "batch_size": "_internal.worker.api",
+    "monitor": "_internal.worker.api",
+    "prepare_model": "_internal.worker.api",
+    "report": "_internal.worker.api",
+    "TrainState": "_internal.worker.checkpointing",
+    "load_checkpoint": "_internal.worker.checkpointing",
     "save_checkpoint": "_internal.worker.checkpointing",
-    "epochs": "_internal.worker.strategies", "no_sync": "_internal.worker.strategies",
+    "epochs": "_internal.worker.strategies",
+    "no_sync": "_internal.worker.strategies",
     # the record, read back anywhere
-    "RunRecords": "_internal.record.reader", "Segment": "_internal.record.reader",
-    "open_records": "_internal.record.reader", "RecordStore": "_internal.record.store",
+    "RunRecords": "_internal.record.reader",
+    "Segment": "_internal.record.reader",
+    "open_records": "_internal.record.reader",
+    "RecordStore": "_internal.record.store",
     "FleetSummary": "_internal.record.fleet_record",
     # errors
-    **{name: "errors" for name in ("ConfigError", "OptionError", "OrmasCompatError", "RankMismatchError",
-                                   "RankSyncTimeoutError", "RayOrmasError", "RaySeamChanged", "RecordStorageError",
-                                   "StoragePathError")},
+    **{
+        name: "errors"
+        for name in (
+            "ConfigError",
+            "OptionError",
+            "OrmasCompatError",
+            "RankMismatchError",
+            "RankSyncTimeoutError",
+            "RayOrmasError",
+            "RaySeamChanged",
+            "RecordStorageError",
+            "StoragePathError",
+        )
+    },
 }
 
 __all__ = [
-    "BatchSize", "ConfigError", "FleetSettings", "FleetSummary", "MLflowSettings", "MonitorSettings", "OptionError",
-    "OrmasCompatError", "OrmasRun", "RankMismatchError", "RankSyncTimeoutError", "RayOrmasError", "RayOrmasResult",
-    "RayOrmasTrainer", "RaySeamChanged", "RecordStorageError", "RecordStore", "RunRecords", "Segment",
-    "StoragePathError", "TrainState", "WorkerMonitor", "batch_size", "epochs", "load_checkpoint", "monitor",
-    "no_sync", "open_records", "prepare_model", "report", "save_checkpoint", "__version__",
+    "BatchSize",
+    "ConfigError",
+    "FleetSettings",
+    "FleetSummary",
+    "MLflowSettings",
+    "MonitorSettings",
+    "OptionError",
+    "OrmasCompatError",
+    "OrmasRun",
+    "RankMismatchError",
+    "RankSyncTimeoutError",
+    "RayOrmasError",
+    "RayOrmasResult",
+    "RayOrmasTrainer",
+    "RaySeamChanged",
+    "RecordStorageError",
+    "RecordStore",
+    "RunRecords",
+    "Segment",
+    "StoragePathError",
+    "TrainState",
+    "WorkerMonitor",
+    "batch_size",
+    "epochs",
+    "load_checkpoint",
+    "monitor",
+    "no_sync",
+    "open_records",
+    "prepare_model",
+    "report",
+    "save_checkpoint",
+    "__version__",
 ]
 
 
@@ -71,16 +120,25 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ray_ormas._internal.common.fleet_settings import FleetSettings
+    from ray_ormas._internal.common.mlflow_settings import MLflowSettings
     from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
     from ray_ormas._internal.driver.trainer import OrmasRun, RayOrmasResult, RayOrmasTrainer
-    from ray_ormas._internal.common.fleet_settings import FleetSettings
     from ray_ormas._internal.record.fleet_record import FleetSummary
     from ray_ormas._internal.record.reader import RunRecords, Segment, open_records
     from ray_ormas._internal.record.store import RecordStore
-    from ray_ormas._internal.common.mlflow_settings import MLflowSettings
     from ray_ormas._internal.worker.api import batch_size, monitor, prepare_model, report
     from ray_ormas._internal.worker.checkpointing import TrainState, load_checkpoint, save_checkpoint
     from ray_ormas._internal.worker.monitor import WorkerMonitor
     from ray_ormas._internal.worker.strategies import epochs, no_sync
-    from ray_ormas.errors import (ConfigError, OptionError, OrmasCompatError, RankMismatchError, RankSyncTimeoutError,
-                                  RayOrmasError, RaySeamChanged, RecordStorageError, StoragePathError)
+    from ray_ormas.errors import (
+        ConfigError,
+        OptionError,
+        OrmasCompatError,
+        RankMismatchError,
+        RankSyncTimeoutError,
+        RayOrmasError,
+        RaySeamChanged,
+        RecordStorageError,
+        StoragePathError,
+    )

@@ -1,4 +1,5 @@
 """`python -m ray_ormas ...`: the same as the `ray-ormas` command."""
+
 import sys
 
 from ray_ormas._internal.cli.main import main

@@ -13,6 +13,7 @@ store (`<out>/mlflow.db`, experiment `ray-ormas-demo`), and the demo prints the 
 command that shows them side by side. The training loop below is the
 whole integration: `ray_ormas.prepare_model`, `ray_ormas.monitor`, `mon.step(loss)`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.utils.data
 import torch.nn.functional as F
+import torch.utils.data
 
 import ray_ormas
 
@@ -57,6 +58,7 @@ class DigitsCNN(nn.Module):
 
         def block(i: int, o: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+
         self.conv1, self.conv2, self.conv3 = block(1, 16), block(16, 32), block(32, 64)
         self.pool = nn.MaxPool2d(2)
         self.head = nn.Linear(64 * 2 * 2, 10)
@@ -87,8 +89,10 @@ def cnn(lesioned: bool = False) -> DigitsCNN:
 def datasets(seed: int = 0) -> dict[str, torch.utils.data.TensorDataset]:
     """{'train', 'val'}: the digits as (image, label) pairs (a `ray-ormas train` data factory)."""
     x_train, y_train, x_test, y_test = load_digits(seed)
-    return {"train": torch.utils.data.TensorDataset(x_train, y_train),
-            "val": torch.utils.data.TensorDataset(x_test, y_test)}
+    return {
+        "train": torch.utils.data.TensorDataset(x_train, y_train),
+        "val": torch.utils.data.TensorDataset(x_test, y_test),
+    }
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -108,12 +112,17 @@ def train_loop(config: dict[str, Any]) -> dict[str, float]:
     net = DigitsCNN()
     if config["lesion"]:
         lesion(net)
-    model = ray_ormas.prepare_model(net)                                   # 1: DDP, per the trainer
+    model = ray_ormas.prepare_model(net)  # 1: DDP, per the trainer
     opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=1e-2)
-    mon = ray_ormas.monitor(model, opt)                                    # 2: the monitor, every rank
+    mon = ray_ormas.monitor(model, opt)  # 2: the monitor, every rank
     loader = ray.train.torch.prepare_data_loader(
-        DataLoader(TensorDataset(x_train, y_train), batch_size=config["batch_size"], shuffle=True,
-                   generator=torch.Generator().manual_seed(config["seed"])))
+        DataLoader(
+            TensorDataset(x_train, y_train),
+            batch_size=config["batch_size"],
+            shuffle=True,
+            generator=torch.Generator().manual_seed(config["seed"]),
+        )
+    )
     for epoch in range(config["epochs"]):
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
@@ -122,7 +131,7 @@ def train_loop(config: dict[str, Any]) -> dict[str, float]:
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad()
             loss.backward()
-            mon.step(loss)                                                 # 3: after backward
+            mon.step(loss)  # 3: after backward
             opt.step()
     return {"test_accuracy": accuracy(model, x_test, y_test)}
 
@@ -139,9 +148,17 @@ class ArmResult:
     seconds: float
 
 
-def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: int = 2, check_every: int = 10,
-        seed: int = 0, lr: float = 3e-3, batch_size: int = 32, arms: tuple[str, ...] = ARMS,
-        verbose: bool = False) -> list[ArmResult]:
+def run(
+    out: str | os.PathLike = "ray_ormas_demo",
+    epochs: int = 12,
+    workers: int = 2,
+    check_every: int = 10,
+    seed: int = 0,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    arms: tuple[str, ...] = ARMS,
+    verbose: bool = False,
+) -> list[ArmResult]:
     """Run the arms on the current Ray cluster (a local one is started if none is) and print the table."""
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -155,27 +172,50 @@ def run(out: str | os.PathLike = "ray_ormas_demo", epochs: int = 12, workers: in
     tracking = ray_ormas.MLflowSettings(tracking_uri=f"sqlite:///{store}", experiment_name="ray-ormas-demo")
     results = []
     for arm in arms:
-        logger.info("--- %s: %s, %s", arm, "healthy network" if arm == "healthy" else "conv2 and conv3 zeroed",
-                    "repair on" if arm == "repair" else "watch only")
+        logger.info(
+            "--- %s: %s, %s",
+            arm,
+            "healthy network" if arm == "healthy" else "conv2 and conv3 zeroed",
+            "repair on" if arm == "repair" else "watch only",
+        )
         t = time.time()
         trainer = ray_ormas.RayOrmasTrainer(
-            train_loop, train_loop_config={"seed": seed, "lesion": arm != "healthy", "epochs": epochs, "lr": lr,
-                                           "batch_size": batch_size},
-            repair=arm == "repair", check_every=check_every, verbose=verbose, mlflow=tracking,
+            train_loop,
+            train_loop_config={
+                "seed": seed,
+                "lesion": arm != "healthy",
+                "epochs": epochs,
+                "lr": lr,
+                "batch_size": batch_size,
+            },
+            repair=arm == "repair",
+            check_every=check_every,
+            verbose=verbose,
+            mlflow=tracking,
             scaling_config=ScalingConfig(num_workers=workers),
-            run_config=RunConfig(name=f"digits-{arm}", storage_path=storage))
+            run_config=RunConfig(name=f"digits-{arm}", storage_path=storage),
+        )
         result = trainer.fit()
-        assert result.ormas is not None             # fit() always sets it
+        assert result.ormas is not None  # fit() always sets it
         final = result.ormas.final
-        results.append(ArmResult(arm=arm, accuracy=result.return_value["test_accuracy"],
-                                 channels_repaired=final.get("ormas/channels_repaired", 0),
-                                 certificates=final.get("ormas/certificates", 0), alarms=final.get("ormas/alarms", 0),
-                                 stuck_channels=final.get("ormas/stuck_channels", 0), report=result.ormas.report,
-                                 seconds=time.time() - t))
+        results.append(
+            ArmResult(
+                arm=arm,
+                accuracy=result.return_value["test_accuracy"],
+                channels_repaired=final.get("ormas/channels_repaired", 0),
+                certificates=final.get("ormas/certificates", 0),
+                alarms=final.get("ormas/alarms", 0),
+                stuck_channels=final.get("ormas/stuck_channels", 0),
+                report=result.ormas.report,
+                seconds=time.time() - t,
+            )
+        )
         logger.info("    test accuracy %.1f%% (%.0f s)", results[-1].accuracy, results[-1].seconds)
     print_table(results)
-    print(f"\nthe three runs side by side in MLflow (experiment ray-ormas-demo):\n"
-          f"  mlflow ui --backend-store-uri sqlite:///{_as_typed(store)}")
+    print(
+        f"\nthe three runs side by side in MLflow (experiment ray-ormas-demo):\n"
+        f"  mlflow ui --backend-store-uri sqlite:///{_as_typed(store)}"
+    )
     return results
 
 
@@ -191,8 +231,10 @@ def print_table(results: list[ArmResult]) -> None:
     print("\nDigits CNN, DDP on 2 Ray workers (gloo, CPU); conv2 and conv3 zeroed in 'watch' and 'repair'\n")
     print(f"{'run':<8} {'test acc':>9} {'repaired':>9} {'certif.':>8} {'alarms':>7} {'stuck now':>10}")
     for r in results:
-        print(f"{r.arm:<8} {r.accuracy:>8.1f}% {r.channels_repaired:>9} {r.certificates:>8} {r.alarms:>7} "
-              f"{r.stuck_channels:>10}")
+        print(
+            f"{r.arm:<8} {r.accuracy:>8.1f}% {r.channels_repaired:>9} {r.certificates:>8} {r.alarms:>7} "
+            f"{r.stuck_channels:>10}"
+        )
     print("\nreports (open in a browser; `ormas-monitor verify <folder>` checks a record):")
     for r in results:
         print(f"  {r.arm:<8} {r.report}")

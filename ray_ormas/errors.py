@@ -9,10 +9,20 @@ the driver, before any worker starts, wherever it can be known there.
     except ray_ormas.RayOrmasError as e:      # or OptionError, or ValueError
         print(e)
 """
+
 from __future__ import annotations
 
-__all__ = ["ConfigError", "OptionError", "OrmasCompatError", "RankMismatchError", "RankSyncTimeoutError",
-           "RayOrmasError", "RaySeamChanged", "RecordStorageError", "StoragePathError"]
+__all__ = [
+    "ConfigError",
+    "OptionError",
+    "OrmasCompatError",
+    "RankMismatchError",
+    "RankSyncTimeoutError",
+    "RayOrmasError",
+    "RaySeamChanged",
+    "RecordStorageError",
+    "StoragePathError",
+]
 
 
 class RayOrmasError(Exception):

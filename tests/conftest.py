@@ -15,6 +15,7 @@ endpoint and credentials go into the environment here, before anything starts, a
 S3-compatible store would set them (tests/s3_server.py); the server runs only while a test asks
 for it (`s3`).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,6 +55,7 @@ def s3() -> Iterator[S3Server]:
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray
+
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
     ctx = ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
@@ -72,6 +74,10 @@ def temporary_folders() -> dict[str, int]:
     """ray-ormas's folders in this machine's temp folder (every worker of the local cluster
     shares it), with their sizes in bytes."""
     import tempfile
+
     root = Path(tempfile.gettempdir())
-    return {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            for p in root.glob("ray-ormas-*") if p.is_dir()}
+    return {
+        p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        for p in root.glob("ray-ormas-*")
+        if p.is_dir()
+    }

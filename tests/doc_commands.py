@@ -13,6 +13,7 @@ Placeholders a reader fills in are UPPERCASE words from `PLACEHOLDERS` (HEAD, BU
 `<...>`, `[...]`, `...` and ` | `: a command with one is a synopsis, checked against the real
 program's `--help`. A bare mention (`ray job submit`, `ray-ormas train`) is checked the same way.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,10 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = {"ray-ormas", "ray", "python", "python3", "python3.11", "pip", "kubectl", "helm", "docker", "kind",
-            "mlflow", "ormas-monitor", "grep", "export"}
-PLACEHOLDERS = {"HEAD", "BUCKET", "REGISTRY", "CONFIG.yaml", "RUN", "DIR", "N", "NAME", "KEY=VALUE",
-                "SUBMISSION_ID"}
+PROGRAMS = {
+    "ray-ormas",
+    "ray",
+    "python",
+    "python3",
+    "python3.11",
+    "pip",
+    "kubectl",
+    "helm",
+    "docker",
+    "kind",
+    "mlflow",
+    "ormas-monitor",
+    "grep",
+    "export",
+}
+PLACEHOLDERS = {"HEAD", "BUCKET", "REGISTRY", "CONFIG.yaml", "RUN", "DIR", "N", "NAME", "KEY=VALUE", "SUBMISSION_ID"}
 FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 SPAN = re.compile(r"`([^`]+)`")
 PAGE_NEEDS = re.compile(r"\*\*Needs ([^:*]+):\*\*\s*every (.*?) command", re.S)
@@ -68,13 +82,17 @@ class DocCommand:
     def has_placeholder(self) -> bool:
         if any(mark in self.text for mark in ("<", "...", " | ")) or re.search(r"\s\[", self.text):
             return True
-        return any(part in PLACEHOLDERS for word in self.words for part in re.split(r"[/:@=]", word)) or \
-            any(word in PLACEHOLDERS for word in self.words)
+        return any(part in PLACEHOLDERS for word in self.words for part in re.split(r"[/:@=]", word)) or any(
+            word in PLACEHOLDERS for word in self.words
+        )
 
     def is_mention(self) -> bool:
         """Only a program and sub-command words (`ray job submit`): a name, not a command line."""
-        return self.block is None and all(re.fullmatch(r"[a-z][a-z-]*", w) for w in self.words[1:]) and \
-            self.program in ("ray", "ray-ormas", "mlflow", "ormas-monitor", "kubectl")
+        return (
+            self.block is None
+            and all(re.fullmatch(r"[a-z][a-z-]*", w) for w in self.words[1:])
+            and self.program in ("ray", "ray-ormas", "mlflow", "ormas-monitor", "kubectl")
+        )
 
 
 @dataclass(frozen=True)
@@ -156,8 +174,9 @@ def harvest(paths: list[Path] | None = None) -> list[DocCommand]:
             needs = after.group(1).strip() if after else page.get(words[0])
             inline.append(DocCommand(doc, _line_of(prose, m.start()), " ".join(words), needs, None))
         for c in in_blocks:
-            found.append(c if c.needs or c.program not in page else
-                         DocCommand(c.doc, c.line, c.text, page[c.program], c.block))
+            found.append(
+                c if c.needs or c.program not in page else DocCommand(c.doc, c.line, c.text, page[c.program], c.block)
+            )
         found.extend(inline)
     return sorted(found, key=lambda c: (c.doc, c.line))
 

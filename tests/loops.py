@@ -3,6 +3,7 @@
 Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare_model`,
 `ray_ormas.monitor`, `mon.step(loss)` between backward and the optimizer step.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,25 +56,29 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
         if rank == 0 and step == config.get("kill_server_at"):
-            import signal                               # the test's MLflow server dies mid-training
+            import signal  # the test's MLflow server dies mid-training
+
             os.killpg(config["server_pgid"], signal.SIGKILL)
         if config.get("sleep_per_step"):
             import time
+
             time.sleep(config["sleep_per_step"])
         marker = config.get("fail_once_marker")
         if marker and step == 5 and rank == 0 and not os.path.exists(marker):
-            open(marker, "w").close()                   # only the first attempt fails
+            open(marker, "w").close()  # only the first attempt fails
             raise RuntimeError("injected failure")
         if rank == config.get("hang_rank") and step == config.get("hang_at"):
             from ray.train import NCCLHangError
+
             raise NCCLHangError(f"rank {rank} stuck in all_reduce (injected)", {})
         if rank == config.get("slow_rank") and step >= config.get("slow_from", 0):
             import time
-            time.sleep(config["slow_s"])                   # a slow data loader on this rank only
+
+            time.sleep(config["slow_s"])  # a slow data loader on this rank only
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         if step >= config.get("explode_at", 1 << 30):
-            loss = loss * 1e4                               # gradients 10^4 x their baseline: alarms
+            loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
         if rank == config.get("nan_rank") and step == config.get("nan_at"):
             loss = loss * float("nan")
         opt.zero_grad()
@@ -82,19 +87,23 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         opt.step()
         if rank == config.get("nudge_rank") and step == config.get("nudge_at"):
             with torch.no_grad():
-                net.conv2[0].weight.add_(1e-3)              # outside DDP: the replicas now differ
+                net.conv2[0].weight.add_(1e-3)  # outside DDP: the replicas now differ
         if step + 1 in config.get("report_at", []):
             checkpoint = None
             if config.get("checkpoint"):
                 import tempfile
+
                 d = tempfile.mkdtemp()
                 if rank == 0:
                     torch.save(model.state_dict(), f"{d}/model.pt")
                 checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
             ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
-    out: dict[str, Any] = {"model_type": type(model).__name__, "fleet_probe": mon._probe is not None,
-                           "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
-                           "conv3_abs": float(net.conv3[0].weight.detach().abs().sum())}
+    out: dict[str, Any] = {
+        "model_type": type(model).__name__,
+        "fleet_probe": mon._probe is not None,
+        "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
+        "conv3_abs": float(net.conv3[0].weight.detach().abs().sum()),
+    }
     if config.get("close_in_loop"):
         closed = mon.close()
         if rank != 0 and closed is not None:
@@ -108,12 +117,14 @@ def _refuse_port(port: int) -> None:
     what MLflow's client and urllib use); checked before training."""
     import socket
     import urllib.request
+
     connect = socket.socket.connect
 
     def refusing(sock: socket.socket, address: Any) -> None:
         if isinstance(address, tuple) and address[1] == port:
             raise ConnectionRefusedError(f"this worker may not reach port {port}")
         connect(sock, address)
+
     socket.socket.connect = refusing
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
@@ -184,11 +195,15 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = {"epoch": epoch, "step": step}
         if config.get("extra_metrics"):
             metrics.update(loss=float(loss), note=f"epoch {epoch}", ratio=float("nan"))
-        upload = {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[config["upload_mode"]]} \
-            if config.get("upload_mode") else {}
+        upload = (
+            {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[config["upload_mode"]]}
+            if config.get("upload_mode")
+            else {}
+        )
         ray_ormas.report(metrics, checkpoint=checkpoint, **upload)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
+
             store = ray_ormas.RecordStore(SubTreeFileSystem(config["storage_root"], LocalFileSystem()), "")
             persisted.append((store.read_bytes(config["storage_check"]) or b"").count(b"\n"))
     if rank == 0 and config.get("done_marker"):
@@ -212,11 +227,11 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
     reference: dict[str, float] = {}
     for step in range(config.get("steps", 12)):
         start = torch.randint(0, 32, (16, 1), generator=gen)
-        seq = (start + torch.arange(9)) % 32                  # learnable: each token is the previous + 1
+        seq = (start + torch.arange(9)) % 32  # learnable: each token is the previous + 1
         logits = model(seq[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 32), seq[:, 1:].reshape(-1))
         if step >= config.get("explode_at", 1 << 30):
-            loss = loss * 1e4                                 # gradients 10^4 x their baseline: alarms
+            loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
         opt.zero_grad()
         loss.backward()
         if step == config.get("probe_step"):
@@ -247,12 +262,17 @@ def accumulation_loop(config: dict[str, Any]) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     mon = ray_ormas.monitor(model, opt)
     per_rank = ray_ormas.batch_size()
-    seen: dict[str, Any] = {"per_rank_batch": per_rank, "optimizer_steps": 0, "window_means": [],
-                            "grad_after_micro": None, "grad_after_sync": None}
+    seen: dict[str, Any] = {
+        "per_rank_batch": per_rank,
+        "optimizer_steps": 0,
+        "window_means": [],
+        "grad_after_micro": None,
+        "grad_after_sync": None,
+    }
     losses = []
     for i in range(config["micro_batches"]):
         last = (i + 1) % k == 0
-        xb, yb = x[i * per_rank:(i + 1) * per_rank], y[i * per_rank:(i + 1) * per_rank]
+        xb, yb = x[i * per_rank : (i + 1) * per_rank], y[i * per_rank : (i + 1) * per_rank]
         with ray_ormas.no_sync(model, active=not last):
             loss = F.cross_entropy(model(xb), yb)
             (loss / k).backward()
@@ -283,7 +303,7 @@ def amp_loop(config: dict[str, Any]) -> dict[str, Any]:
     x, y, _, _ = load_digits(0)
     model = ray_ormas.prepare_model(DigitsCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     mon = ray_ormas.monitor(model, opt, scaler=scaler)
     dtypes = set()
     scales = []
@@ -313,10 +333,14 @@ def gan_loop(config: dict[str, Any]) -> dict[str, Any]:
     rank = ray.train.get_context().get_world_rank()
     x, _, _, _ = load_digits(0)
     real_all = x.reshape(len(x), -1) * 2 - 1
-    gen = ray_ormas.prepare_model(torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh()))
-    disc = ray_ormas.prepare_model(torch.nn.Sequential(
-        torch.nn.Linear(64, 64), torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 1)))
+    gen = ray_ormas.prepare_model(
+        torch.nn.Sequential(
+            torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh()
+        )
+    )
+    disc = ray_ormas.prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LeakyReLU(0.2), torch.nn.Linear(64, 1))
+    )
     opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
     mon_g = ray_ormas.monitor(gen, opt_g, name="generator")
@@ -324,7 +348,7 @@ def gan_loop(config: dict[str, Any]) -> dict[str, Any]:
     bce = torch.nn.BCEWithLogitsLoss()
     noise = torch.Generator().manual_seed(rank)
     for step in range(config.get("steps", 12)):
-        real = real_all[(step * 32 + rank * 16) % 1400:][:32]
+        real = real_all[(step * 32 + rank * 16) % 1400 :][:32]
         fake = gen(torch.randn(32, 16, generator=noise))
         # discriminator: one forward over real and fake together, then its own step
         logits = disc(torch.cat([real, fake.detach()]))
@@ -391,22 +415,32 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
     train(model, opt, range(4))
     ckpt = ray_ormas.save_checkpoint(model, opt, epoch=0, step=4)
     path = broadcast_from_rank_zero(ckpt.path if ckpt is not None else None)
-    torch.manual_seed(123)                                    # a different initialisation
+    torch.manual_seed(123)  # a different initialisation
     fresh = ray_ormas.prepare_model(TinyTransformer())
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
     state = ray_ormas.load_checkpoint(fresh, fresh_opt, checkpoint=ray.train.Checkpoint(path))
     same_params = all(torch.equal(a, b) for a, b in zip(full(model), full(fresh)))
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    a, b = get_optimizer_state_dict(model, opt, options=options), get_optimizer_state_dict(fresh, fresh_opt, options=options)
+    a, b = (
+        get_optimizer_state_dict(model, opt, options=options),
+        get_optimizer_state_dict(fresh, fresh_opt, options=options),
+    )
     same_optimizer = rank != 0 or all(
         torch.equal(torch.as_tensor(a["state"][k][s]), torch.as_tensor(b["state"][k][s]))
-        for k in a["state"] for s in a["state"][k])
+        for k in a["state"]
+        for s in a["state"][k]
+    )
     train(model, opt, range(4, 8))
     train(fresh, fresh_opt, range(4, 8))
     same_after = all(torch.equal(x, y) for x, y in zip(full(model), full(fresh)))
     saved_keys = sorted(torch.load(f"{path}/state.pt", weights_only=True)["model"]) if rank == 0 else []
-    return {"step": state.step, "same_params": same_params, "same_optimizer": same_optimizer,
-            "same_after_training": same_after, "saved_keys": saved_keys[:3]}
+    return {
+        "step": state.step,
+        "same_params": same_params,
+        "same_optimizer": same_optimizer,
+        "same_after_training": same_after,
+        "saved_keys": saved_keys[:3],
+    }
 
 
 def failing_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -419,6 +453,7 @@ def passthrough_loop(config: dict[str, Any]) -> dict[str, Any]:
     the rows of the `train` dataset (unsplit, by the dataset config); then a monitored step and a
     checkpoint reported for validation."""
     import tempfile
+
     ctx = ray.train.get_context()
     rows = sum(len(batch["x"]) for batch in ray.train.get_dataset_shard("train").iter_batches(batch_size=4))
     torch.manual_seed(0)
@@ -458,7 +493,7 @@ def local_mode_loop(config: dict[str, Any]) -> dict[str, Any]:
     for step in range(config["steps"]):
         if step == config.get("raise_at"):
             raise ValueError(f"the loop failed on purpose at step {step}")
-        loss = F.cross_entropy(model(x[step * 16:(step + 1) * 16]), y[step * 16:(step + 1) * 16])
+        loss = F.cross_entropy(model(x[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16])
         opt.zero_grad()
         loss.backward()
         mon.step(loss)

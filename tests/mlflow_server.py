@@ -1,5 +1,6 @@
 """A real `mlflow server` on 127.0.0.1 (SQLite backend, local artifact store) for the tests,
 which can be killed and started again on the same port and store (an outage)."""
+
 from __future__ import annotations
 
 import os
@@ -33,10 +34,26 @@ class MLflowServer:
     def start(self, timeout_s: float = 90) -> MLflowServer:
         log = open(self.root / "server.log", "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-             "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.time() + timeout_s
         while not self.answers():

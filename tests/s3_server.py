@@ -8,6 +8,7 @@ worker inherits it. The buckets live in this test process: a server stopped and 
 the same port serves the same objects, which is a storage outage and its end. The port is a small
 TCP relay in front of moto, so that an outage also cuts the connections already open.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,9 +21,13 @@ import uuid
 
 def s3_environment(port: int) -> dict[str, str]:
     """What a user of an S3-compatible store at 127.0.0.1:`port` puts in the environment."""
-    return {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "ray-ormas-tests",
-            "AWS_SECRET_ACCESS_KEY": "ray-ormas-tests-secret", "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1"}
+    return {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "ray-ormas-tests",
+        "AWS_SECRET_ACCESS_KEY": "ray-ormas-tests-secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
 
 
 class S3Server:
@@ -39,6 +44,7 @@ class S3Server:
     def start(self, timeout_s: float = 30) -> S3Server:
         if self._moto is None:
             from moto.server import ThreadedMotoServer
+
             logging.getLogger("werkzeug").setLevel(logging.ERROR)
             backend = free_port()
             while backend == self.port:
@@ -83,6 +89,7 @@ class S3Server:
     def bucket(self, prefix: str = "runs") -> str:
         """A new, empty bucket; its `s3://` URI."""
         import boto3
+
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
         return f"s3://{name}"
@@ -137,7 +144,7 @@ class _Relay:
             self._closed = True
             conns, self._open = self._open, set()
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)      # wakes the accept() blocked in its thread
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in its thread
         except OSError:
             pass
         self._listener.close()

@@ -6,6 +6,7 @@ The loops are written out here the way Ray Train's docs write them. Two things d
 nothing may download: the data are scikit-learn's bundled digits, and the models are the digits
 CNN (two of its layers zeroed: a lesion to certify and repair) and a tiny BERT built from a config.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,10 +94,7 @@ def train_func():
         # [3] Report metrics and checkpoint.
         metrics = {"loss": loss.item(), "epoch": epoch}
         with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
-            torch.save(
-                model.module.state_dict(),
-                os.path.join(temp_checkpoint_dir, "model.pt")
-            )
+            torch.save(model.module.state_dict(), os.path.join(temp_checkpoint_dir, "model.pt"))
             ray.train.report(
                 metrics,
                 checkpoint=ray.train.Checkpoint.from_directory(temp_checkpoint_dir),
@@ -114,7 +112,9 @@ def test_rays_quickstart_loop_unchanged_is_certified_and_repaired_identically_on
         train_func,
         scaling_config=scaling_config,
         run_config=RunConfig(name="quickstart", storage_path=str(storage)),
-        repair=True, check_every=2, verbose=False,
+        repair=True,
+        check_every=2,
+        verbose=False,
     )
     result = trainer.fit()
     run = result.ormas
@@ -138,7 +138,7 @@ def test_rays_quickstart_loop_unchanged_is_certified_and_repaired_identically_on
     for per_rank in run.digests():
         assert len(set(per_rank)) == 1
     rows = metric_rows(run.record_dir)
-    assert all(isinstance(row["loss"], float) for row in rows)          # from the CrossEntropyLoss module
+    assert all(isinstance(row["loss"], float) for row in rows)  # from the CrossEntropyLoss module
 
     # The loop's own ray.train.report calls carry the record: three user reports with ormas facts,
     # each checkpoint with a pointer into the record at the run step it was taken.
@@ -167,7 +167,7 @@ def check_one_record_one_run_and_the_fleet(result, model_name: str) -> dict:
     assert verify_run(run.record_dir).ok
     root = run.record_dir.parent.parent
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["fleet", "model"]
-    assert [p.name for p in (root / "model").iterdir()] == ["segment-000"]          # one monitor, one record
+    assert [p.name for p in (root / "model").iterdir()] == ["segment-000"]  # one monitor, one record
     link = json.loads((run.record_dir / "segment.json").read_text())
     assert link["attached"]["model"] == model_name
     rows = metric_rows(run.record_dir)
@@ -186,14 +186,20 @@ def check_one_record_one_run_and_the_fleet(result, model_name: str) -> dict:
 
 def local_trainer(loop, storage: Path, name: str, **kwargs) -> RayOrmasTrainer:
     """Ray Train's local mode: the loop runs in this process, so its warnings reach caplog."""
-    return RayOrmasTrainer(loop, scaling_config=ScalingConfig(num_workers=0), verbose=False, progress=False,
-                           run_config=RunConfig(name=name, storage_path=str(storage)), **kwargs)
+    return RayOrmasTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=0),
+        verbose=False,
+        progress=False,
+        run_config=RunConfig(name=name, storage_path=str(storage)),
+        **kwargs,
+    )
 
 
 def batches(count: int, size: int = 32):
     x, y, _, _ = load_digits(0)
     for i in range(count):
-        yield x[i * size:(i + 1) * size], y[i * size:(i + 1) * size]
+        yield x[i * size : (i + 1) * size], y[i * size : (i + 1) * size]
 
 
 def accumulation_and_scaler_loop(config):
@@ -204,7 +210,7 @@ def accumulation_and_scaler_loop(config):
     model = ray.train.torch.prepare_model(DigitsCNN())
     criterion = CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     taken = 0
     for i, (x, y) in enumerate(batches(24)):
         loss = criterion(model(x), y)
@@ -215,7 +221,7 @@ def accumulation_and_scaler_loop(config):
             before = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
-            taken += scaler.get_scale() >= before       # the scale drops only when the step was skipped
+            taken += scaler.get_scale() >= before  # the scale drops only when the step was skipped
             optimizer.zero_grad()
     ray.train.report({"optimizer_steps": taken})
     return taken
@@ -225,8 +231,8 @@ def accumulation_and_scaler_loop(config):
 def test_accumulation_and_gradscaler_skips_the_monitor_sees_each_optimizer_step_with_true_gradients(storage):
     result = local_trainer(accumulation_and_scaler_loop, storage, "accumulate", check_every=1).fit()
     run = result.ormas
-    assert result.return_value == 11 == run.final["ormas/run_step"]     # 12 windows, one skipped
-    assert run.final["ormas/steps_per_rank"] == [10]                # every optimizer step but the first
+    assert result.return_value == 11 == run.final["ormas/run_step"]  # 12 windows, one skipped
+    assert run.final["ormas/steps_per_rank"] == [10]  # every optimizer step but the first
     rows = metric_rows(run.record_dir)
     assert len(rows) == 10
     # Gradients at the hook are unscaled (GradScaler.step unscales before optimizer.step): a digits
@@ -242,16 +248,18 @@ def two_model_loop(config):
     """A GAN-like loop: two models, two optimizers, one BCE loss module for both."""
     torch.manual_seed(0)
     generator = ray.train.torch.prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh()))
-    critic = ray.train.torch.prepare_model(torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(),
-                                                                torch.nn.Linear(16, 1)))
+    critic = ray.train.torch.prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    )
     criterion = torch.nn.BCEWithLogitsLoss()
     opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
     opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
     for x, _ in batches(12):
         real = x.flatten(1)
         fake = generator(torch.randn(len(real), 8))
-        c_loss = criterion(critic(real), torch.ones(len(real), 1)) + \
-            criterion(critic(fake.detach()), torch.zeros(len(real), 1))
+        c_loss = criterion(critic(real), torch.ones(len(real), 1)) + criterion(
+            critic(fake.detach()), torch.zeros(len(real), 1)
+        )
         opt_c.zero_grad()
         c_loss.backward()
         opt_c.step()
@@ -266,8 +274,9 @@ def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_t
     run = local_trainer(two_model_loop, storage, "two-models", check_every=1).fit().ormas
     root = storage / "two-models" / "ormas"
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["model", "sequential"]
-    links = {name: json.loads((root / name / "segment-000" / "segment.json").read_text())
-             for name in ("model", "sequential")}
+    links = {
+        name: json.loads((root / name / "segment-000" / "segment.json").read_text()) for name in ("model", "sequential")
+    }
     assert links["model"]["attached"]["optimizer"] == links["sequential"]["attached"]["optimizer"] == "Adam"
     # The critic's optimizer steps first: it is "model", with the loss module met at its first step,
     # dropped when the generator's optimizer came; no loss module takes the generator's output.
@@ -281,7 +290,7 @@ def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_t
 def functional_loss_loop(config):
     model = ray.train.torch.prepare_model(DigitsCNN())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    stray = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)       # steps no model
+    stray = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)  # steps no model
     for x, y in batches(8):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
@@ -296,7 +305,7 @@ def test_a_functional_loss_and_an_optimizer_of_no_model_are_said_at_the_first_st
     link = json.loads((run.record_dir / "segment.json").read_text())
     assert link["attached"]["loss"] is None and "F.cross_entropy" in link["attached"]["loss_note"]
     rows = metric_rows(run.record_dir)
-    assert rows and all(row["loss"] is None for row in rows)        # gradients and channels checked, no loss
+    assert rows and all(row["loss"] is None for row in rows)  # gradients and channels checked, no loss
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name.startswith("ray_ormas")]
     assert sum("SGD steps the parameters of no model the loop called" in w for w in warned) == 1
     assert any("ray_ormas.monitor(model, optimizer)" in w for w in warned)
@@ -321,19 +330,31 @@ def explicit_then_auto_loop(config):
 
 @pytest.mark.timeout(300)
 def test_the_loops_own_monitor_wins_and_two_monitors_on_one_model_are_refused(storage):
-    explicit = local_trainer(explicit_then_auto_loop, storage, "explicit", check_every=1,
-                             train_loop_config={"explicit_first": True}).fit().ormas
+    explicit = (
+        local_trainer(
+            explicit_then_auto_loop, storage, "explicit", check_every=1, train_loop_config={"explicit_first": True}
+        )
+        .fit()
+        .ormas
+    )
     assert "attached" not in json.loads((explicit.record_dir / "segment.json").read_text())
-    assert explicit.final["ormas/steps_per_rank"] == [6]             # its own steps: nothing else attached
+    assert explicit.final["ormas/steps_per_rank"] == [6]  # its own steps: nothing else attached
     assert [p.name for p in (storage / "explicit" / "ormas").iterdir() if not p.name.startswith(".")] == ["model"]
-    with pytest.raises(ValueError, match=r"two monitors claim one model: DistributedDataParallel|two monitors claim "
-                                         r"one model: DigitsCNN .* attached by the optimizer step hook\. Call "
-                                         r"ray_ormas\.monitor\(model, optimizer\) before the model's first"):
+    with pytest.raises(
+        ValueError,
+        match=r"two monitors claim one model: DistributedDataParallel|two monitors claim "
+        r"one model: DigitsCNN .* attached by the optimizer step hook\. Call "
+        r"ray_ormas\.monitor\(model, optimizer\) before the model's first",
+    ):
         local_trainer(explicit_then_auto_loop, storage, "late", train_loop_config={"explicit_late": True}).fit()
-    with pytest.raises(ValueError, match=r"two monitors claim one model: DigitsCNN \(or a model sharing its "
-                                         r"parameters\) already has monitor 'model'"):
-        local_trainer(explicit_then_auto_loop, storage, "twice",
-                      train_loop_config={"explicit_first": True, "twice": True}).fit()
+    with pytest.raises(
+        ValueError,
+        match=r"two monitors claim one model: DigitsCNN \(or a model sharing its "
+        r"parameters\) already has monitor 'model'",
+    ):
+        local_trainer(
+            explicit_then_auto_loop, storage, "twice", train_loop_config={"explicit_first": True, "twice": True}
+        ).fit()
 
 
 def test_a_framework_without_its_extra_is_an_error_on_the_driver_naming_the_extra(tmp_path):
@@ -361,15 +382,20 @@ print("without auto_monitor: built; ray initialized:", ray.is_initialized())
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert len(ran.stdout.splitlines()) >= 2, (ran.stdout, ran.stderr[-3000:])
     refused, built = ran.stdout.splitlines()[-2:]
-    assert refused.startswith("refused: the training loop uses lightning") and \
-        "pip install 'ray-ormas[lightning]'" in refused and "auto_monitor=False" in refused
+    assert (
+        refused.startswith("refused: the training loop uses lightning")
+        and "pip install 'ray-ormas[lightning]'" in refused
+        and "auto_monitor=False" in refused
+    )
     assert built == "without auto_monitor: built; ray initialized: False"
 
 
 def test_which_frameworks_a_loop_uses_is_read_from_its_code_and_module():
     from ray_ormas._internal.worker.adoption import frameworks_of
+
     from .test_adoption_lightning import lightning_train_func
     from .test_adoption_transformers import transformers_train_func
+
     assert frameworks_of(lightning_train_func) == ("lightning",)
     assert frameworks_of(transformers_train_func) == ("transformers",)
     assert frameworks_of(train_func) == frameworks_of(two_model_loop) == ()
@@ -379,6 +405,7 @@ def test_a_changed_report_seam_is_said_and_leaves_the_loops_reports_unrouted(cap
     """Ray Train's TrainFnUtils is private: checked against Ray 2.60's, and a change (simulated by
     expecting one more parameter than the installed Ray has) is one error line, not a failure."""
     from ray_ormas._internal.worker import report_route
+
     assert report_route.check_report_seam() is not None
     monkeypatch.setattr(report_route, "REPORT_PARAMETERS", (*report_route.REPORT_PARAMETERS, "upload_timeout_s"))
     with pytest.raises(report_route.ReportSeamChanged, match=r"TrainFnUtils\.report takes .* not "):
@@ -393,6 +420,7 @@ def test_the_framework_hooks_exist_only_inside_a_ray_ormas_loop():
     import transformers
 
     from ray_ormas._internal.worker.integrations.transformers import TrainerHook
+
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     assert not any(type(cb).__module__.startswith("ray_ormas") for cb in trainer.callbacks)
     original = transformers.Trainer.train

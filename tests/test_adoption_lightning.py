@@ -1,4 +1,5 @@
 """A LightningModule trained through `ray.train.lightning` under RayOrmasTrainer, unchanged (lightning.py)."""
+
 from __future__ import annotations
 
 import math
@@ -71,7 +72,9 @@ def test_a_lightning_module_on_ray_gets_ormas_monitors_own_callback_on_every_ran
         lightning_train_func,
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(name="lightning", storage_path=str(storage)),
-        repair=True, check_every=2, verbose=False,
+        repair=True,
+        check_every=2,
+        verbose=False,
     )
     result = trainer.fit()
     run = result.ormas

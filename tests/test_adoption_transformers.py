@@ -1,5 +1,6 @@
 """A Transformers `Trainer` through `ray.train.huggingface.transformers` under RayOrmasTrainer,
 unchanged (transformers.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 class DigitsAsTokens(torch.utils.data.Dataset):
     def __init__(self):
         x, y, _, _ = load_digits(0)
-        self.ids = (x.flatten(1) * 7).round().long().clamp(0, 15) + 1     # 64 tokens of 16 levels
+        self.ids = (x.flatten(1) * 7).round().long().clamp(0, 15) + 1  # 64 tokens of 16 levels
         self.y = y
 
     def __len__(self):
@@ -38,14 +39,27 @@ def transformers_train_func():
     # Datasets
     small_train_dataset = DigitsAsTokens()
     # Model
-    config = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64, num_labels=10)
+    config = transformers.BertConfig(
+        vocab_size=32,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=10,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForSequenceClassification.from_config(config)
     # Hugging Face Trainer
     training_args = transformers.TrainingArguments(
-        output_dir="test_trainer", save_strategy="epoch", report_to="none", num_train_epochs=2,
-        per_device_train_batch_size=64, learning_rate=1e-3, use_cpu=True, logging_strategy="no",
+        output_dir="test_trainer",
+        save_strategy="epoch",
+        report_to="none",
+        num_train_epochs=2,
+        per_device_train_batch_size=64,
+        learning_rate=1e-3,
+        use_cpu=True,
+        logging_strategy="no",
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(
@@ -64,18 +78,19 @@ def transformers_train_func():
 
 @pytest.mark.timeout(300)
 def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every_rank(storage, monkeypatch):
-    monkeypatch.chdir(storage)          # the loop's output_dir is relative, as in Ray's example
+    monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
     trainer = RayOrmasTrainer(
         transformers_train_func,
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(name="transformers", storage_path=str(storage)),
-        check_every=2, verbose=False,
+        check_every=2,
+        verbose=False,
     )
     result = trainer.fit()
     run = result.ormas
     link = check_one_record_one_run_and_the_fleet(result, "BertForSequenceClassification")
     assert link["attached"]["by"] == "ormas-monitor's Transformers callback"
     kinds = [per_rank[0]["ormas/kind"] for per_rank in run.reports]
-    assert kinds == ["user", "user", "final"]                # RayTrainReportCallback: one per epoch (on_save)
+    assert kinds == ["user", "user", "final"]  # RayTrainReportCallback: one per epoch (on_save)
     pointer = result.checkpoint.get_metadata()["ormas"]["model"]
     assert pointer["run_steps"] == run.final["ormas/steps_per_rank"][0] > 0

@@ -2,14 +2,15 @@
 ormas-monitor and fails loudly, saying what to do, against one that behaves differently. The
 "different" ormas-monitors are subclasses of the real classes with one thing changed, the way a
 release would change it. No Ray."""
+
 from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,7 +18,16 @@ from ormas_monitor import Monitor
 from packaging.requirements import Requirement
 
 from ray_ormas._internal.seams import ormas as compat
-from ray_ormas._internal.seams.ormas import GLOBAL_NORMS_NOTE, OWN_FSDP_NOTE, MetricNaming, OrmasCompatError, ShardedGradientMonitor, check_metrics_file, check_sharded_gradient_seam, flush_metrics
+from ray_ormas._internal.seams.ormas import (
+    GLOBAL_NORMS_NOTE,
+    OWN_FSDP_NOTE,
+    MetricNaming,
+    OrmasCompatError,
+    ShardedGradientMonitor,
+    check_metrics_file,
+    check_sharded_gradient_seam,
+    flush_metrics,
+)
 from ray_ormas._internal.worker.micro_steps import MicroStepLosses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +62,12 @@ def test_the_package_imports_no_private_ormas_monitor_module_and_sets_no_private
                         assert not any(p.startswith("_") for p in alias.name.split(".")), f"{path.name}:{node.lineno}"
             if isinstance(node, ast.Assign) and path.name != "compat.py":
                 for target in node.targets:
-                    if isinstance(target, ast.Attribute) and target.attr.startswith("_") and \
-                            isinstance(target.value, ast.Attribute) and target.value.attr in ("monitor", "_sink"):
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and target.attr.startswith("_")
+                        and isinstance(target.value, ast.Attribute)
+                        and target.value.attr in ("monitor", "_sink")
+                    ):
                         raise AssertionError(f"{path.name}:{node.lineno} sets {target.attr} on an ormas object")
     # Only compat.py reads ormas-monitor's private attributes.
     for path in sorted((ROOT / "ray_ormas").glob("*.py")):
@@ -74,20 +88,27 @@ def test_the_dependency_range_admits_only_the_ormas_monitor_ci_tests():
 # ------------------------------------------------------------------ metric naming
 def test_metric_names_come_from_ormas_monitor_and_a_changed_naming_fails_loudly(monkeypatch):
     import ormas_monitor.integrations.sinks as sinks
+
     naming = MetricNaming("ormas")
     row = {"step": 30, "loss": 0.25, "grad": {"conv1": 1.5}, "stuck": {"conv1": [2, 1, 0, 0]}}
     assert sorted(naming.entries("metrics", row)) == [
-        ("ormas/grad_norm/conv1", 1.5, 30), ("ormas/loss", 0.25, 30), ("ormas/stuck_channels/conv1", 3.0, 30),
-        ("ormas/stuck_channels_total", 3.0, 30)]
+        ("ormas/grad_norm/conv1", 1.5, 30),
+        ("ormas/loss", 0.25, 30),
+        ("ormas/stuck_channels/conv1", 3.0, 30),
+        ("ormas/stuck_channels_total", 3.0, 30),
+    ]
     assert naming.entries("event", {"event": "repair", "step": 31}) == [("ormas/events/repair", 1.0, 31)]
 
-    class Reworded(sinks.TensorBoardSink):              # a release that names rows differently
+    class Reworded(sinks.TensorBoardSink):  # a release that names rows differently
         def __call__(self, kind, payload):
             self.writer.add_scalar("ormas/training_loss", 0.5, 7)
 
     monkeypatch.setattr(sinks, "TensorBoardSink", Reworded)
-    with pytest.raises(OrmasCompatError, match=r"a probe row was named .*pip install 'ormas-monitor==0.2.3'.*"
-                                               r"mlflow=False"):
+    with pytest.raises(
+        OrmasCompatError,
+        match=r"a probe row was named .*pip install 'ormas-monitor==0.2.3'.*"
+        r"mlflow=False",
+    ):
         MetricNaming("ormas")
 
 
@@ -95,21 +116,24 @@ def test_metric_names_come_from_ormas_monitor_and_a_changed_naming_fails_loudly(
 def test_the_metrics_file_is_flushed_mid_run_and_a_renamed_file_fails_loudly(tmp_path):
     mon = small_monitor(tmp_path)
     check_metrics_file(mon)
-    assert (tmp_path / "record" / "metrics.jsonl").read_text() == ""      # ormas buffers the rows ...
+    assert (tmp_path / "record" / "metrics.jsonl").read_text() == ""  # ormas buffers the rows ...
     assert flush_metrics(mon)
     rows = (tmp_path / "record" / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 2                                                 # ... the flush writes them
+    assert len(rows) == 2  # ... the flush writes them
     mon.close(report=False)
     assert not flush_metrics(mon)
 
-    class Renamed(Monitor):                             # a release that renamed the attribute
+    class Renamed(Monitor):  # a release that renamed the attribute
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._rows = self.__dict__.pop("_metrics")
 
     renamed = small_monitor(tmp_path / "renamed", Renamed, steps=0)
-    with pytest.raises(OrmasCompatError, match=r"Monitor._metrics is None, not the open metrics.jsonl.*"
-                                               r"pip install 'ormas-monitor==0.2.3'"):
+    with pytest.raises(
+        OrmasCompatError,
+        match=r"Monitor._metrics is None, not the open metrics.jsonl.*"
+        r"pip install 'ormas-monitor==0.2.3'",
+    ):
         check_metrics_file(renamed)
     renamed._metrics = renamed._rows
     renamed.close(report=False)
@@ -119,12 +143,15 @@ def test_the_metrics_file_is_flushed_mid_run_and_a_renamed_file_fails_loudly(tmp
 def test_the_fsdp2_seam_matches_this_ormas_monitor_and_a_changed_method_fails_loudly():
     check_sharded_gradient_seam()
 
-    class NewSignature(Monitor):                        # a release whose gradient read takes more
+    class NewSignature(Monitor):  # a release whose gradient read takes more
         def _read_scalars(self, loss, scale=None):
             return super()._read_scalars(loss)
 
-    with pytest.raises(OrmasCompatError, match=r"Monitor._read_scalars takes \['self', 'loss', 'scale'\].*"
-                                               r"strategy='ddp'"):
+    with pytest.raises(
+        OrmasCompatError,
+        match=r"Monitor._read_scalars takes \['self', 'loss', 'scale'\].*"
+        r"strategy='ddp'",
+    ):
         check_sharded_gradient_seam(NewSignature)
 
     class Gone(Monitor):
@@ -137,7 +164,7 @@ def test_the_fsdp2_seam_matches_this_ormas_monitor_and_a_changed_method_fails_lo
 def test_the_fsdp2_manifest_replaces_ormas_monitors_note_and_a_reworded_note_fails_loudly(tmp_path):
     mon = small_monitor(tmp_path, ShardedGradientMonitor)
     assert GLOBAL_NORMS_NOTE in mon._manifest()["notes"]
-    mon.dist_mode = "fsdp"                  # as ormas-monitor sets it under FSDP: its note is replaced
+    mon.dist_mode = "fsdp"  # as ormas-monitor sets it under FSDP: its note is replaced
     notes = mon._manifest()["notes"]
     assert GLOBAL_NORMS_NOTE in notes and OWN_FSDP_NOTE not in notes
 
@@ -148,6 +175,7 @@ def test_the_fsdp2_manifest_replaces_ormas_monitors_note_and_a_reworded_note_fai
             def reworded(monitor):
                 out = original(monitor)
                 return {**out, "notes": [n.replace("own shards", "local shards") for n in out["notes"]]}
+
             Monitor._manifest = reworded
             try:
                 return super()._manifest()
@@ -165,16 +193,16 @@ def test_the_fsdp2_manifest_replaces_ormas_monitors_note_and_a_reworded_note_fai
 # ------------------------------------------------------------------ micro-step losses (ray-ormas's own)
 def test_micro_step_losses_are_averaged_on_the_device_and_keep_the_graph_when_asked():
     window = MicroStepLosses()
-    assert window.take_mean() is None                      # nothing seen is not zero
+    assert window.take_mean() is None  # nothing seen is not zero
     w = torch.tensor(2.0, requires_grad=True)
-    for value in (1.0, 2.0, torch.tensor([3.0, 5.0])):    # an unreduced loss counts as its mean
+    for value in (1.0, 2.0, torch.tensor([3.0, 5.0])):  # an unreduced loss counts as its mean
         window.add(w * value if isinstance(value, float) else value)
     mean = window.take_mean()
     assert mean.item() == pytest.approx((2.0 + 4.0 + 4.0) / 3) and mean.grad_fn is None
     last = w * 3.0
     window.add(last)
     attached = window.take_mean(keep_graph=True)
-    assert attached.item() == 6.0                          # the attachment adds exactly zero ...
+    assert attached.item() == 6.0  # the attachment adds exactly zero ...
 
     def reachable(fn, seen=None):
         seen = set() if seen is None else seen
@@ -183,7 +211,8 @@ def test_micro_step_losses_are_averaged_on_the_device_and_keep_the_graph_when_as
             for child, _ in fn.next_functions:
                 reachable(child, seen)
         return seen
-    assert last.grad_fn in reachable(attached.grad_fn)    # ... and the last loss's graph is reachable
+
+    assert last.grad_fn in reachable(attached.grad_fn)  # ... and the last loss's graph is reachable
     assert window.take_mean() is None
-    window.add(last)                                       # one micro-batch: its loss as it is, no device op
+    window.add(last)  # one micro-batch: its loss as it is, no device op
     assert window.take_mean() is last and window.take_mean() is None

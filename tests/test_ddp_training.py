@@ -1,4 +1,5 @@
 """DDP training on a real local Ray cluster (gloo, CPU) with the monitor on every rank."""
+
 from __future__ import annotations
 
 import json
@@ -26,17 +27,26 @@ def events(path: Path, kind: str) -> list[dict]:
 
 def trainer(storage: Path, name: str, loop=digits_loop, workers: int = 2, **kwargs) -> RayOrmasTrainer:
     kwargs.setdefault("verbose", False)
-    return RayOrmasTrainer(loop, scaling_config=ScalingConfig(num_workers=workers),
-                           run_config=kwargs.pop("run_config", RunConfig(name=name, storage_path=str(storage))),
-                           **kwargs)
+    return RayOrmasTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=kwargs.pop("run_config", RunConfig(name=name, storage_path=str(storage))),
+        **kwargs,
+    )
 
 
 @pytest.mark.timeout(240)
 def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
-    t = trainer(storage, "healthy", check_every=4, report_every=2,
-                train_loop_config={"steps": 24, "report_at": [8, 16], "checkpoint": True, "close_in_loop": True},
-                run_config=RunConfig(name="healthy", storage_path=str(storage),
-                                     checkpoint_config=CheckpointConfig(num_to_keep=1)))
+    t = trainer(
+        storage,
+        "healthy",
+        check_every=4,
+        report_every=2,
+        train_loop_config={"steps": 24, "report_at": [8, 16], "checkpoint": True, "close_in_loop": True},
+        run_config=RunConfig(
+            name="healthy", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
+        ),
+    )
     result = t.fit()
     assert isinstance(result, Result)
     assert result.return_value["model_type"] == "DistributedDataParallel"
@@ -47,7 +57,13 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     assert run.record_dir == root / "segment-000"
     assert [p.name for p in root.iterdir()] == ["segment-000"]
     assert sorted(p.name for p in run.record_dir.iterdir()) == [
-        "diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"]
+        "diary.jsonl",
+        "metrics.jsonl",
+        "report.html",
+        "segment.json",
+        "summary.html",
+        "summary.md",
+    ]
     assert verify_run(run.record_dir).ok
     assert result.return_value["closed"] == str(run.record_dir / "report.html") == str(run.report)
     manifest = events(run.record_dir, "manifest")[0]
@@ -61,18 +77,18 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     for i, per_rank in enumerate(run.reports):
         assert [r["ormas/rank"] for r in per_rank] == [0, 1]
         assert [r["ormas/report_index"] for r in per_rank] == [i, i]
-        assert "ormas/loss" in per_rank[0] and "ormas/loss" not in per_rank[1]   # rows are rank 0's
-        assert all(isinstance(r["ormas/rank_loss"], float) for r in per_rank)    # facts are every rank's
+        assert "ormas/loss" in per_rank[0] and "ormas/loss" not in per_rank[1]  # rows are rank 0's
+        assert all(isinstance(r["ormas/rank_loss"], float) for r in per_rank)  # facts are every rank's
         assert per_rank[0]["ormas/param_digest"] == per_rank[1]["ormas/param_digest"]
     assert run.final["ormas/steps_per_rank"] == [24, 24]
     assert run.final["ormas/checks"] == 6 and run.final["ormas/check_step"] == 20
-    assert sum(len(per_rank[0]["ormas/events"]) for per_rank in run.reports) >= 2   # structure, manifest
+    assert sum(len(per_rank[0]["ormas/events"]) for per_rank in run.reports) >= 2  # structure, manifest
 
     # Result.metrics is the last *checkpoint* report's: the user's second report, ormas facts merged.
     assert result.metrics["user_step"] == 16 and result.metrics["ormas/kind"] == "user"
     assert result.checkpoint is not None
     kept = [p for p in (storage / "healthy").iterdir() if p.is_dir() and p.name.startswith("checkpoint_")]
-    assert len(kept) == 1                                   # the user's num_to_keep=1, untouched
+    assert len(kept) == 1  # the user's num_to_keep=1, untouched
     # ... and it points into the record as it was then: checks at steps 0, 4, 8, 12 (of 16).
     pointer = result.checkpoint.get_metadata()["ormas"]["model"]
     lines = diary(run.record_dir)
@@ -85,13 +101,20 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     tracked = client.get_run(run.mlflow_run_id)
     assert tracked.info.status == "FINISHED" and tracked.data.metrics["ormas/loss"] == run.final["ormas/loss"]
     assert {Path(f.path).name for f in client.list_artifacts(run.mlflow_run_id, "ormas/model/segment-000")} == {
-        "diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"}
+        "diary.jsonl",
+        "metrics.jsonl",
+        "report.html",
+        "segment.json",
+        "summary.html",
+        "summary.md",
+    }
 
 
 @pytest.mark.timeout(300)
 def test_repair_is_identical_on_every_rank_and_watch_only_leaves_layers_dead(storage):
-    repaired = trainer(storage, "repair", repair=True, check_every=4, report_every=1,
-                       train_loop_config={"steps": 40, "lesion": True}).fit()
+    repaired = trainer(
+        storage, "repair", repair=True, check_every=4, report_every=1, train_loop_config={"steps": 40, "lesion": True}
+    ).fit()
     run = repaired.ormas
     certificates = events(run.record_dir, "certificate")
     repairs = events(run.record_dir, "repair")
@@ -101,15 +124,16 @@ def test_repair_is_identical_on_every_rank_and_watch_only_leaves_layers_dead(sto
     first_repair_step = min(e["step"] for e in repairs)
     digests = run.digests()
     assert len(digests) == 40 // 4 + 1
-    for per_rank in digests:                                # equal at every report, repairs included
+    for per_rank in digests:  # equal at every report, repairs included
         assert len(set(per_rank)) == 1
     after = [i for i, per_rank in enumerate(run.reports) if per_rank[0]["ormas/check_step"] >= first_repair_step]
     assert after, "no report after the repair"
     assert repaired.return_value["conv2_abs"] > 0 and repaired.return_value["conv3_abs"] > 0
     assert verify_run(run.record_dir).ok
 
-    watched = trainer(storage, "watch", repair=False, check_every=4,
-                      train_loop_config={"steps": 40, "lesion": True}).fit()
+    watched = trainer(
+        storage, "watch", repair=False, check_every=4, train_loop_config={"steps": 40, "lesion": True}
+    ).fit()
     w = watched.ormas
     assert {e["layer"] for e in events(w.record_dir, "certificate")} == {"conv2.0", "conv3.0"}
     assert events(w.record_dir, "repair") == []
@@ -149,10 +173,14 @@ def test_rerun_under_the_same_name_starts_a_new_segment(storage):
 
 @pytest.mark.timeout(300)
 def test_a_restarted_worker_group_records_a_new_segment_beside_the_failed_one(storage, tmp_path):
-    t = trainer(storage, "restart", check_every=2, report_every=2,
-                train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "failed-once")},
-                run_config=RunConfig(name="restart", storage_path=str(storage),
-                                     failure_config=FailureConfig(max_failures=1)))
+    t = trainer(
+        storage,
+        "restart",
+        check_every=2,
+        report_every=2,
+        train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "failed-once")},
+        run_config=RunConfig(name="restart", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+    )
     result = t.fit()
     root = storage / "restart" / "ormas" / "model"
     failed, retried = root / "segment-000", root / "segment-001"
@@ -177,8 +205,9 @@ def test_repair_without_the_optimizer_is_a_clear_error(storage):
 def test_uneven_ddp_loaders_fail_with_a_clear_error_instead_of_hanging(storage):
     # Rank 1 has two more batches: its third-last backward waits in DDP's all-reduce for rank 0,
     # which has left its loop. Rank 0 waits at the final report, then names the missing rank.
-    t = trainer(storage, "uneven", check_every=2, sync_timeout_s=5,
-                train_loop_config={"steps_by_rank": {"0": 6, "1": 8}})
+    t = trainer(
+        storage, "uneven", check_every=2, sync_timeout_s=5, train_loop_config={"steps_by_rank": {"0": 6, "1": 8}}
+    )
     with pytest.raises(TrainingFailedError) as info:
         t.fit()
     error = info.value.worker_failures[0]
@@ -188,8 +217,13 @@ def test_uneven_ddp_loaders_fail_with_a_clear_error_instead_of_hanging(storage):
 
 @pytest.mark.timeout(180)
 def test_ranks_reporting_different_numbers_of_times_fail_at_once(storage):
-    t = trainer(storage, "mismatch", loop=report_count_loop, sync_timeout_s=60,
-                train_loop_config={"reports_by_rank": {"0": 2, "1": 1}})
+    t = trainer(
+        storage,
+        "mismatch",
+        loop=report_count_loop,
+        sync_timeout_s=60,
+        train_loop_config={"reports_by_rank": {"0": 2, "1": 1}},
+    )
     with pytest.raises(TrainingFailedError) as info:
         t.fit()
     errors = info.value.worker_failures

@@ -1,4 +1,5 @@
 """The README's demo, run for real on the session's Ray cluster, and the command line."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +16,7 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_p
     results = {r.arm: r for r in demo.run(out=tmp_path / "demo")}
     healthy, watch, repair = results["healthy"], results["watch"], results["repair"]
     assert healthy.accuracy > 90
-    assert watch.accuracy < 25                     # 10 classes: chance is ~10%
+    assert watch.accuracy < 25  # 10 classes: chance is ~10%
     assert repair.accuracy > healthy.accuracy - 5
     assert (watch.channels_repaired, repair.channels_repaired) == (0, 32 + 64)
     assert watch.certificates == repair.certificates == 2 and healthy.certificates == 0
@@ -28,6 +29,7 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_p
     store = tmp_path / "demo" / "mlflow.db"
     assert f"mlflow ui --backend-store-uri sqlite:///{store}" in table
     from mlflow import MlflowClient
+
     client = MlflowClient(f"sqlite:///{store}")
     runs = client.search_runs([client.get_experiment_by_name("ray-ormas-demo").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["digits-healthy", "digits-repair", "digits-watch"]
@@ -35,12 +37,12 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_p
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ray_ormas", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "ray_ormas", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_version_help_and_usage_errors():
     from ray_ormas import __version__
+
     assert run_cli("--version").stdout.strip() == f"ray-ormas {__version__}"
     helped = run_cli("demo", "--help")
     assert helped.returncode == 0 and "--epochs" in helped.stdout

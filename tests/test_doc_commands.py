@@ -27,6 +27,7 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
 Every process a test starts runs in its own session and is killed by its process group; Ray
 daemons that appear during a command and outlive it are killed by pid, and the test fails.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,14 @@ from .doc_commands import ROOT, DocCommand, harvest, snippets
 
 COMMANDS = harvest()
 README_DEMO, README_TESTS = [c for c in COMMANDS if c.doc == "README.md" and c.block is not None][:2]
-K8S_VARIANTS = ["k8s/rayjob", "k8s/raycluster", "k8s/overlays/s3", "k8s/overlays/cpu", "k8s/overlays/kueue",
-                "k8s/overlays/nccl-tcp"]
+K8S_VARIANTS = [
+    "k8s/rayjob",
+    "k8s/raycluster",
+    "k8s/overlays/s3",
+    "k8s/overlays/cpu",
+    "k8s/overlays/kueue",
+    "k8s/overlays/nccl-tcp",
+]
 SHORT_TRAIN = " --set train.epochs=1"
 SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 1 2"
 RAY_DAEMONS = ("raylet", "gcs_server")
@@ -91,8 +98,15 @@ def kill_group(proc: subprocess.Popen) -> None:
 def bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> Ran:
     """Run `script` with bash in its own session; kill what it leaves; fail on leftover Ray daemons."""
     before = ray_daemons(env["HOME"])
-    proc = subprocess.Popen(["bash", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -103,7 +117,7 @@ def bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float) -> Ran:
         kill_group(proc)
     deadline = time.monotonic() + 20
     while (left := ray_daemons(env["HOME"]) - before) and time.monotonic() < deadline:
-        time.sleep(0.5)                    # a driver's cluster shuts down as the driver exits
+        time.sleep(0.5)  # a driver's cluster shuts down as the driver exits
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"`{script}` left Ray daemons running (pids {sorted(left)}, now killed)"
@@ -126,8 +140,11 @@ class Clone:
 
     def env(self, home: Path) -> dict[str, str]:
         """The environment the docs describe: the README's venv first on PATH, nothing of ours."""
-        keep = {k: v for k, v in os.environ.items()
-                if not k.startswith(("RAY_", "MLFLOW_", "PYTEST", "PYTHON", "VIRTUAL_ENV"))}
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RAY_", "MLFLOW_", "PYTEST", "PYTHON", "VIRTUAL_ENV"))
+        }
         path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT))]
         home.mkdir(parents=True, exist_ok=True)
         keep.update(PATH=os.pathsep.join([str(self.root / ".venv" / "bin"), *path]), HOME=str(home))
@@ -144,8 +161,9 @@ class Clone:
 
 
 def repository_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split("\n")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     return [f for f in listed if f and (ROOT / f).is_file()]
 
 
@@ -177,8 +195,11 @@ def run_once(key: str, make: Callable[[], Ran]) -> Ran:
 
 
 def shortened(text: str) -> str:
-    text = re.sub(r"(ray-ormas train (?:(?!--dry-run)[^\n])*?)$", lambda m: m.group(1) + SHORT_TRAIN, text,
-                  flags=re.M) if "--dry-run" not in text else text
+    text = (
+        re.sub(r"(ray-ormas train (?:(?!--dry-run)[^\n])*?)$", lambda m: m.group(1) + SHORT_TRAIN, text, flags=re.M)
+        if "--dry-run" not in text
+        else text
+    )
     if "bench/overhead.py" in text:
         text += SHORT_BENCH
     return text
@@ -205,6 +226,7 @@ def run_here(clone: Clone, command: DocCommand) -> Ran:
     def make() -> Ran:
         work = clone.copy(slug(command))
         return bash(text, cwd=work, env=clone.env(work / "home"), timeout=900)
+
     return run_once(text, make)
 
 
@@ -225,17 +247,38 @@ class RayHead:
         ray = str(clone.root / ".venv" / "bin" / "ray")
         self.log = clone.base / f"{name}.log"
         self.proc = subprocess.Popen(
-            [ray, "start", "--head", "--block", f"--port={free_port()}", "--node-ip-address=127.0.0.1",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.port}", "--include-dashboard=true",
-             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-             f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-             f"--metrics-export-port={free_port()}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
-             "--disable-usage-stats"],
-            env=head_env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                ray,
+                "start",
+                "--head",
+                "--block",
+                f"--port={free_port()}",
+                "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.port}",
+                "--include-dashboard=true",
+                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-grpc-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}",
+                f"--metrics-export-port={free_port()}",
+                "--num-cpus=2",
+                f"--temp-dir={self.temp_dir}",
+                "--disable-usage-stats",
+            ],
+            env=head_env,
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.address = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
-        while subprocess.run([ray, "job", "list", "--address", self.address], env=head_env,
-                             capture_output=True).returncode != 0:
+        while (
+            subprocess.run(
+                [ray, "job", "list", "--address", self.address], env=head_env, capture_output=True
+            ).returncode
+            != 0
+        ):
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
             time.sleep(2)
@@ -250,7 +293,7 @@ class RayHead:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        subprocess.run(["pkill", "-9", "-f", str(self.temp_dir)], check=False)   # the job's driver, Ray's daemons
+        subprocess.run(["pkill", "-9", "-f", str(self.temp_dir)], check=False)  # the job's driver, Ray's daemons
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
@@ -283,19 +326,20 @@ def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -
         if "RAY_ADDRESS" in (command.needs or ""):
             env["RAY_ADDRESS"] = head.address
         return bash("set -e\n" + script, cwd=work, env=env, timeout=900)
+
     check_training_output(run_once(script, make))
 
 
 def closest_dry_run(clone: Clone, command: DocCommand) -> None:
     """A training that needs GPUs, S3 or Kubernetes: the same `ray-ormas train`, S3 and cluster
     locations made local, with `--dry-run` (everything but the training)."""
-    inner = command.text[command.text.index("ray-ormas train"):]
+    inner = command.text[command.text.index("ray-ormas train") :]
     work = clone.copy(slug(command))
     storage = work / "storage"
     storage.mkdir()
-    if "/etc/ray-ormas/config.yaml" in inner:          # the ConfigMap's file, as the pod mounts it
+    if "/etc/ray-ormas/config.yaml" in inner:  # the ConfigMap's file, as the pod mounts it
         (config_map,) = [o for o in rendered("k8s/raycluster") if o["kind"] == "ConfigMap"]
-        (name, body), = config_map["data"].items()
+        ((name, body),) = config_map["data"].items()
         (work / name).write_text(body)
         inner = inner.replace("/etc/ray-ormas/config.yaml", name)
     inner = re.sub(r"s3://\S+", str(storage), inner).replace("/mnt/ray-runs", str(storage))
@@ -322,14 +366,12 @@ def closest_help(clone: Clone, command: DocCommand) -> None:
     words = [w for w in command.words if not w.startswith("[")]
     prefix = []
     for w in words:
-        if w.startswith("-") or w in ("...", "|") or re.search(r"[A-Z<./]", w) and prefix and \
-                not w.endswith(".py"):
+        if w.startswith("-") or w in ("...", "|") or re.search(r"[A-Z<./]", w) and prefix and not w.endswith(".py"):
             break
         prefix.append(w)
     options = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.text)) - {"--help"}
     script = shlex.join(prefix) + " --help"
-    ran = run_once(script, lambda: bash(script, cwd=clone.root, env=clone.env(clone.base / "home-help"),
-                                        timeout=120))
+    ran = run_once(script, lambda: bash(script, cwd=clone.root, env=clone.env(clone.base / "home-help"), timeout=120))
     assert ran.code == 0, ran.out[-2000:]
     missing = [o for o in options if o not in ran.out]
     assert not missing, f"{' '.join(prefix)} --help does not know {missing}"
@@ -337,6 +379,7 @@ def closest_help(clone: Clone, command: DocCommand) -> None:
 
 def rendered(variant: str) -> list[dict[str, Any]]:
     from .test_k8s import render
+
     return render(ROOT / variant)
 
 
@@ -344,6 +387,7 @@ def validate(objects: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
     from .test_k8s import KUBERNETES_VERSION, validation_errors
+
     for obj in objects:
         if obj["apiVersion"] == "ray.io/v1":
             errors = validation_errors(obj)
@@ -361,16 +405,17 @@ def closest_kubernetes(clone: Clone, command: DocCommand) -> None:
     apply; look up the objects the other commands name; check the images they load."""
     text, words = command.text, command.words
     secret = re.search(r"kubectl get secret (?:-n \S+ )?(\S+)", text)
-    if secret:                                          # KubeRay's token Secret, named after the RayCluster
+    if secret:  # KubeRay's token Secret, named after the RayCluster
         name = secret.group(1)
         clusters = named("RayCluster", name)
         assert clusters and all(c["spec"]["authOptions"]["mode"] == "token" for c in clusters), name
-    elif words[0] == "helm":                            # the operator's CRDs are what the manifests must fit
+    elif words[0] == "helm":  # the operator's CRDs are what the manifests must fit
         validate(rendered("k8s/rayjob"))
     elif words[0] == "kind":
         image = words[-1].replace("REGISTRY/", "")
-        assert any(image in yaml.safe_dump(list(rendered(v))) for v in K8S_VARIANTS) or \
-            image.replace("-cpu", "-gpu") in yaml.safe_dump(list(rendered("k8s/overlays/cpu"))), image
+        assert any(image in yaml.safe_dump(list(rendered(v))) for v in K8S_VARIANTS) or image.replace(
+            "-cpu", "-gpu"
+        ) in yaml.safe_dump(list(rendered("k8s/overlays/cpu"))), image
         assert "-cpu" in image and "-cpu" in yaml.safe_dump(list(rendered("k8s/overlays/cpu"))), image
     elif words[1:3] == ["apply", "-k"] and len(words) > 3 and (ROOT / words[3]).is_dir():
         validate(rendered(words[3]))
@@ -378,23 +423,21 @@ def closest_kubernetes(clone: Clone, command: DocCommand) -> None:
         for variant in K8S_VARIANTS:
             validate(rendered(variant))
     elif words[1:3] == ["create", "namespace"]:
-        ran = bash(text + " --dry-run=client -o yaml", cwd=clone.root, env=clone.env(clone.base / "home-k"),
-                   timeout=60)
+        ran = bash(text + " --dry-run=client -o yaml", cwd=clone.root, env=clone.env(clone.base / "home-k"), timeout=60)
         assert ran.code == 0 and "kind: Namespace" in ran.out, ran.out
     elif words[1] == "get" and len(words) > 3 and not words[3].startswith("-"):
         assert named({"rayjob": "RayJob", "raycluster": "RayCluster"}[words[2]], words[3]), text
-    elif words[1] == "logs" and "job-name=" in text:     # KubeRay names the submitter Job after the RayJob
+    elif words[1] == "logs" and "job-name=" in text:  # KubeRay names the submitter Job after the RayJob
         assert named("RayJob", re.search(r"job-name=(\S+)", text).group(1)), text
     elif words[1] == "port-forward":
-        service, (local, remote) = words[2].removeprefix("svc/"), words[3].split(":")
-        if service.endswith("-head-svc"):               # KubeRay's head Service of a RayCluster
+        service, (_local, remote) = words[2].removeprefix("svc/"), words[3].split(":")
+        if service.endswith("-head-svc"):  # KubeRay's head Service of a RayCluster
             assert named("RayCluster", service.removesuffix("-head-svc")) and remote == "8265", text
         else:
             ports = [p["port"] for s in named("Service", service) for p in s["spec"]["ports"]]
             assert int(remote) in ports, (service, ports)
-    else:                                               # no object named: the syntax is kubectl's
-        ran = bash(shlex.join(words[:2]) + " --help", cwd=clone.root, env=clone.env(clone.base / "home-k"),
-                   timeout=60)
+    else:  # no object named: the syntax is kubectl's
+        ran = bash(shlex.join(words[:2]) + " --help", cwd=clone.root, env=clone.env(clone.base / "home-k"), timeout=60)
         assert ran.code == 0, ran.out
 
 
@@ -422,15 +465,22 @@ def closest_docker(clone: Clone, command: DocCommand) -> None:
 
 def closest_server(clone: Clone, command: DocCommand) -> None:
     """`mlflow ui ...` in the clone, after the README's demo: it answers on 127.0.0.1:5000."""
-    proc = subprocess.Popen(["bash", "-c", command.text], cwd=clone.root, env=clone.env(clone.base / "home-ui"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", command.text],
+        cwd=clone.root,
+        env=clone.env(clone.base / "home-ui"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
             assert proc.poll() is None, "the server exited"
             try:
-                with urllib.request.urlopen("http://127.0.0.1:5000/api/2.0/mlflow/experiments/search"
-                                            "?max_results=10", timeout=5) as r:
+                with urllib.request.urlopen(
+                    "http://127.0.0.1:5000/api/2.0/mlflow/experiments/search?max_results=10", timeout=5
+                ) as r:
                     assert r.status == 200 and b"ray-ormas" in r.read()
                     return
             except OSError:
@@ -449,8 +499,14 @@ def after_demo(clone: Clone, command: DocCommand) -> None:
 
 
 CLOSEST: dict[str, Callable[[Clone, DocCommand], None]] = {
-    "dry_run": closest_dry_run, "s3_read": closest_s3_read, "help": closest_help,
-    "kubernetes": closest_kubernetes, "docker": closest_docker, "server": closest_server, "after_demo": after_demo}
+    "dry_run": closest_dry_run,
+    "s3_read": closest_s3_read,
+    "help": closest_help,
+    "kubernetes": closest_kubernetes,
+    "docker": closest_docker,
+    "server": closest_server,
+    "after_demo": after_demo,
+}
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -468,8 +524,13 @@ def plan(command: DocCommand) -> str:
     if needs:
         if "Ray cluster" in needs and not re.search("GPU|S3", needs) and command.block is not None:
             return "ray_cluster"
-        if "ray-ormas train" in text and not command.has_placeholder() or \
-                "ray-ormas train" in text and re.search("GPU|S3|Kubernetes", needs) and "s3://BUCKET" in text:
+        if (
+            "ray-ormas train" in text
+            and not command.has_placeholder()
+            or "ray-ormas train" in text
+            and re.search("GPU|S3|Kubernetes", needs)
+            and "s3://BUCKET" in text
+        ):
             return "dry_run"
         if re.match(r"ray-ormas (report|export) s3://", text):
             return "s3_read"
@@ -495,29 +556,42 @@ def plan(command: DocCommand) -> str:
 
 def test_every_command_in_the_docs_has_a_test():
     unplanned = [f"{c.id}: {c.text}" + (f"  (needs: {c.needs})" if c.needs else "") for c in COMMANDS if not plan(c)]
-    assert not unplanned, "commands in the docs with no test (mark what they need, or add a rule):\n" + \
-        "\n".join(unplanned)
+    assert not unplanned, "commands in the docs with no test (mark what they need, or add a rule):\n" + "\n".join(
+        unplanned
+    )
     assert README_DEMO.text.endswith("ray-ormas demo") and README_TESTS.text.endswith("python -m pytest")
-    assert {plan(c) for c in COMMANDS} >= {"train", "help", "kubernetes", "docker", "ray_cluster", "dry_run",
-                                           "s3_read", "server", "run", "install"}
+    assert {plan(c) for c in COMMANDS} >= {
+        "train",
+        "help",
+        "kubernetes",
+        "docker",
+        "ray_cluster",
+        "dry_run",
+        "s3_read",
+        "server",
+        "run",
+        "install",
+    }
 
 
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.id for c in COMMANDS])
 def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, request):
     how = plan(command)
-    assert clone.demo is not None and clone.demo.code == 0, \
+    assert clone.demo is not None and clone.demo.code == 0, (
         "the README's demo command failed on a fresh clone:\n" + clone.demo.out[-4000:]
+    )
     if how == "readme_demo":
         assert "test acc" in clone.demo.out and "repair" in clone.demo.out, clone.demo.out[-3000:]
-    elif how == "readme_tests":                   # CI runs it, word for word (tests/test_readme.py)
+    elif how == "readme_tests":  # CI runs it, word for word (tests/test_readme.py)
         ci = (ROOT / ".ci" / "run").read_text().splitlines()
         assert command.text in ci
-    elif how == "demo":                           # the same command as the README's, in the same setup
+    elif how == "demo":  # the same command as the README's, in the same setup
         assert README_DEMO.text.endswith("&& .venv/bin/" + command.text)
     elif how == "install":
-        ran = run_once(command.text, lambda: bash(command.text, cwd=clone.root, env=clone.env(clone.base / "home-i"),
-                                                  timeout=900))
+        ran = run_once(
+            command.text, lambda: bash(command.text, cwd=clone.root, env=clone.env(clone.base / "home-i"), timeout=900)
+        )
         assert ran.code == 0, ran.out[-3000:]
     elif how == "train":
         ran = run_here(clone, command)
@@ -545,17 +619,22 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("snippet", snippets(), ids=[s.id for s in snippets()])
 def test_the_python_snippets_run_as_written(snippet, clone: Clone):
-    if snippet.install is not None:          # the extra the snippet says it needs, as the docs say to install it
-        installed = run_once(snippet.install, lambda: bash(snippet.install, cwd=clone.root,
-                                                           env=clone.env(clone.base / "home-i"), timeout=900))
+    if snippet.install is not None:  # the extra the snippet says it needs, as the docs say to install it
+        installed = run_once(
+            snippet.install,
+            lambda: bash(snippet.install, cwd=clone.root, env=clone.env(clone.base / "home-i"), timeout=900),
+        )
         assert installed.code == 0, installed.out[-3000:]
     work = clone.copy(re.sub(r"[^\w]+", "-", snippet.id))
     (work / "snippet.py").write_text(snippet.code)
     home = work / "home"
     ran = bash("python snippet.py", cwd=work, env=clone.env(home), timeout=900)
     assert ran.code == 0, ran.out[-4000:]
-    segments = [p for p in (*home.glob("ray_results/*/ormas/model/segment-*"),
-                            *work.glob("runs/*/ormas/model/segment-*")) if p.is_dir()]
+    segments = [
+        p
+        for p in (*home.glob("ray_results/*/ormas/model/segment-*"), *work.glob("runs/*/ormas/model/segment-*"))
+        if p.is_dir()
+    ]
     assert segments, "the snippet's run left no record where the docs say"
     for segment in segments:
         assert verify_run(segment).ok, segment

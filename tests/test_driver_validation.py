@@ -1,4 +1,5 @@
 """Everything that can be checked on the driver fails in RayOrmasTrainer(...), before Ray starts."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,13 +19,20 @@ def loop(config):
 
 
 def test_valid_trainer_builds_settings_without_starting_ray(tmp_path):
-    t = RayOrmasTrainer(loop, repair=True, check_every=7, layers="conv*", report_every=3,
-                        monitor_config=MonitorConfig(patience=2), scaling_config=ScalingConfig(num_workers=2),
-                        run_config=RunConfig(name="x", storage_path=str(tmp_path / "somewhere")))
+    t = RayOrmasTrainer(
+        loop,
+        repair=True,
+        check_every=7,
+        layers="conv*",
+        report_every=3,
+        monitor_config=MonitorConfig(patience=2),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="x", storage_path=str(tmp_path / "somewhere")),
+    )
     assert t.settings.config.check_every == 7 and t.settings.config.patience == 2
     assert t.settings.layers == ("conv*",)
     assert t.store.root == str(tmp_path / "somewhere" / "x" / "ormas") and t.store.is_local
-    assert list(tmp_path.iterdir()) == []           # the storage check leaves no trace
+    assert list(tmp_path.iterdir()) == []  # the storage check leaves no trace
 
 
 @pytest.mark.timeout(120)
@@ -50,28 +58,34 @@ print("ray initialized:", ray.is_initialized())
     assert ran.stdout.strip().endswith("ray initialized: False"), ran.stdout
 
 
-@pytest.mark.parametrize("kwargs, error, words", [
-    ({"chek_every": 5}, TypeError, "did you mean 'check_every'"),
-    ({"strategy": "deepspeed"}, ValueError, "strategy must be one of 'ddp', 'fsdp'"),
-    ({"strategy": "fsdp", "repair": True, "scaling_config": ScalingConfig(num_workers=2, use_gpu=True)},
-     ValueError, "repair is not possible with strategy='fsdp'"),
-    ({"repair": "yes"}, ValueError, "repair must be False"),
-    ({"repair": None}, ValueError, "repair must be False"),
-    ({"check_every": 0}, ValueError, "check_every: Input should be greater than or equal to 1, got 0"),
-    ({"check_every": 2.5}, ValueError, "check_every: Input should be a valid integer, got 2.5"),
-    ({"monitor_config": {"check_every": 5}}, TypeError, "MonitorConfig"),
-    ({"monitor_config": MonitorConfig(), "check_every": -1}, ValueError, "check_every"),
-    ({"layers": []}, ValueError, "layers: Tuple should have at least 1 item"),
-    ({"layers": ["conv*", 3]}, ValueError, "layers.1: Input should be a valid string, got 3"),
-    ({"report_every": 0}, ValueError, "report_every: Input should be greater than or equal to 1, got 0"),
-    ({"sync_timeout_s": 0}, ValueError, "sync_timeout_s: Input should be greater than 0, got 0"),
-    ({"sync_timeout_s": float("inf")}, ValueError, "sync_timeout_s: Input should be a finite number, got inf"),
-    ({"verbose": "loud"}, ValueError, "verbose: Input should be a valid boolean, got 'loud'"),
-    ({"scaling_config": {"num_workers": 2}}, TypeError, "ray.train.ScalingConfig"),
-    ({"scaling_config": ScalingConfig(num_workers=(1, 4))}, ValueError, "elastic"),
-    ({"run_config": {"name": "x"}}, TypeError, "ray.train.RunConfig"),
-    ({"train_loop_config": [1, 2]}, TypeError, "train_loop_config must be a dict"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"chek_every": 5}, TypeError, "did you mean 'check_every'"),
+        ({"strategy": "deepspeed"}, ValueError, "strategy must be one of 'ddp', 'fsdp'"),
+        (
+            {"strategy": "fsdp", "repair": True, "scaling_config": ScalingConfig(num_workers=2, use_gpu=True)},
+            ValueError,
+            "repair is not possible with strategy='fsdp'",
+        ),
+        ({"repair": "yes"}, ValueError, "repair must be False"),
+        ({"repair": None}, ValueError, "repair must be False"),
+        ({"check_every": 0}, ValueError, "check_every: Input should be greater than or equal to 1, got 0"),
+        ({"check_every": 2.5}, ValueError, "check_every: Input should be a valid integer, got 2.5"),
+        ({"monitor_config": {"check_every": 5}}, TypeError, "MonitorConfig"),
+        ({"monitor_config": MonitorConfig(), "check_every": -1}, ValueError, "check_every"),
+        ({"layers": []}, ValueError, "layers: Tuple should have at least 1 item"),
+        ({"layers": ["conv*", 3]}, ValueError, "layers.1: Input should be a valid string, got 3"),
+        ({"report_every": 0}, ValueError, "report_every: Input should be greater than or equal to 1, got 0"),
+        ({"sync_timeout_s": 0}, ValueError, "sync_timeout_s: Input should be greater than 0, got 0"),
+        ({"sync_timeout_s": float("inf")}, ValueError, "sync_timeout_s: Input should be a finite number, got inf"),
+        ({"verbose": "loud"}, ValueError, "verbose: Input should be a valid boolean, got 'loud'"),
+        ({"scaling_config": {"num_workers": 2}}, TypeError, "ray.train.ScalingConfig"),
+        ({"scaling_config": ScalingConfig(num_workers=(1, 4))}, ValueError, "elastic"),
+        ({"run_config": {"name": "x"}}, TypeError, "ray.train.RunConfig"),
+        ({"train_loop_config": [1, 2]}, TypeError, "train_loop_config must be a dict"),
+    ],
+)
 def test_bad_option_fails_on_the_driver(kwargs, error, words):
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         RayOrmasTrainer(loop, **kwargs)
@@ -80,6 +94,7 @@ def test_bad_option_fails_on_the_driver(kwargs, error, words):
 def test_loop_with_two_arguments_is_refused():
     def two(a, b):
         pass
+
     with pytest.raises(TypeError, match="no argument or one"):
         RayOrmasTrainer(two)
     with pytest.raises(TypeError, match="must be a function"):
@@ -89,17 +104,20 @@ def test_loop_with_two_arguments_is_refused():
 def test_settings_are_frozen_and_reused_by_ormas_monitor():
     s = MonitorSettings.build(repair="all", check_every=3)
     with pytest.raises(AttributeError):
-        s.repair = False                      # type: ignore[misc]
+        s.repair = False  # type: ignore[misc]
     kw = s.monitor_kwargs()
     assert kw["repair"] == "all" and kw["config"].check_every == 3
     assert s.to_dict()["config"]["check_every"] == 3
 
 
-@pytest.mark.parametrize("call", [
-    lambda: ray_ormas.prepare_model(torch.nn.Linear(2, 2)),
-    lambda: ray_ormas.monitor(torch.nn.Linear(2, 2)),
-    lambda: ray_ormas.report({"a": 1}),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ray_ormas.prepare_model(torch.nn.Linear(2, 2)),
+        lambda: ray_ormas.monitor(torch.nn.Linear(2, 2)),
+        lambda: ray_ormas.report({"a": 1}),
+    ],
+)
 def test_worker_api_outside_a_trainer_says_what_to_do(call):
     with pytest.raises(RuntimeError, match="only inside a training loop run by RayOrmasTrainer"):
         call()

@@ -1,4 +1,5 @@
 """The examples in examples/ run as written, on the session's Ray cluster."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,6 @@ def test_digits_example_repairs_and_reports_per_epoch(ray_cluster, tmp_path):
     assert result.ormas.final["ormas/channels_repaired"] == 32 + 64
     kinds = [per_rank[0]["ormas/kind"] for per_rank in result.ormas.reports]
     assert kinds == ["user", "user", "user", "final"]
-    assert result.metrics is None                  # no checkpoint was reported: Ray's Result.metrics stays None
+    assert result.metrics is None  # no checkpoint was reported: Ray's Result.metrics stays None
     assert result.return_value["test_accuracy"] > 50
     assert result.ormas.report.is_file()

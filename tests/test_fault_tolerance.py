@@ -1,5 +1,6 @@
 """What survives what, on a real local Ray cluster: persistence through a non-local pyarrow
 filesystem, a SIGKILLed worker resumed exactly from its checkpoint, and linked segments."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,19 @@ from .conftest import temporary_folders
 from .loops import resume_loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-STEPS_PER_EPOCH = 8                 # 512 samples / 2 ranks / batch 32
+STEPS_PER_EPOCH = 8  # 512 samples / 2 ranks / batch 32
 
 
 def fit(name: str, run_config: RunConfig, **config) -> object:
-    return RayOrmasTrainer(resume_loop, train_loop_config=config, check_every=3, verbose=False, mlflow=False,
-                           scaling_config=ScalingConfig(num_workers=2), run_config=run_config).fit()
+    return RayOrmasTrainer(
+        resume_loop,
+        train_loop_config=config,
+        check_every=3,
+        verbose=False,
+        mlflow=False,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config,
+    ).fit()
 
 
 def lines(data: bytes) -> list[dict]:
@@ -33,15 +41,26 @@ def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(
     bucket.mkdir()
     fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
     segment = "runs/persist/ormas/model/segment-000"
-    result = fit("persist", RunConfig(name="persist", storage_path="runs", storage_filesystem=fs),
-                 epochs=3, storage_root=str(bucket), storage_check=f"{segment}/diary.jsonl")
+    result = fit(
+        "persist",
+        RunConfig(name="persist", storage_path="runs", storage_filesystem=fs),
+        epochs=3,
+        storage_root=str(bucket),
+        storage_check=f"{segment}/diary.jsonl",
+    )
     run = result.ormas
     assert run.record_dir is None and run.records == {"model": segment} and not run.store.is_local
 
     # Everything is in storage: the record, its reports, its link; it verifies there.
     stored = bucket / segment
     assert sorted(p.name for p in stored.iterdir()) == [
-        "diary.jsonl", "metrics.jsonl", "report.html", "segment.json", "summary.html", "summary.md"]
+        "diary.jsonl",
+        "metrics.jsonl",
+        "report.html",
+        "segment.json",
+        "summary.html",
+        "summary.md",
+    ]
     assert verify_run(stored).ok
     diary = lines((stored / "diary.jsonl").read_bytes())
 
@@ -54,9 +73,9 @@ def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(
         pointer = Checkpoint(str(path.relative_to(bucket)), fs).get_metadata()["ormas"]["model"]
         assert pointer["steps"] == STEPS_PER_EPOCH * (i + 1) and pointer["path"] == segment
         assert diary[pointer["events"] - 1]["hash"] == pointer["last_hash"]
-        assert pointer["metrics_rows"] == -(-pointer["steps"] // 3)      # checks at 0, 3, 6, ...
+        assert pointer["metrics_rows"] == -(-pointer["steps"] // 3)  # checks at 0, 3, 6, ...
         assert seen[i] >= pointer["events"]
-    assert seen[0] < len(diary)                 # persisted mid-run, not only at the end
+    assert seen[0] < len(diary)  # persisted mid-run, not only at the end
 
 
 @pytest.mark.timeout(300)
@@ -66,8 +85,9 @@ def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(
     bucket.mkdir()
     fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
     before = temporary_folders()
-    result = fit("disk", RunConfig(name="disk", storage_path="runs", storage_filesystem=fs), epochs=8,
-                 upload_mode=upload_mode)
+    result = fit(
+        "disk", RunConfig(name="disk", storage_path="runs", storage_filesystem=fs), epochs=8, upload_mode=upload_mode
+    )
     left = {name: size for name, size in temporary_folders().items() if name not in before}
     checkpoints = sorted(p for p in (bucket / "runs" / "disk").glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 8
@@ -89,10 +109,15 @@ def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(
 @pytest.mark.timeout(420)
 def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_segments(storage, tmp_path):
     reference = fit("whole", RunConfig(name="whole", storage_path=str(storage)), epochs=4)
-    kill_at = 2 * STEPS_PER_EPOCH + 3           # rank 0 SIGKILLs itself 3 steps into epoch 2
-    resumed = fit("killed", RunConfig(name="killed", storage_path=str(storage),
-                                      failure_config=FailureConfig(max_failures=1)),
-                  epochs=4, kill_rank=0, kill_at=kill_at, kill_marker=str(tmp_path / "killed-once"))
+    kill_at = 2 * STEPS_PER_EPOCH + 3  # rank 0 SIGKILLs itself 3 steps into epoch 2
+    resumed = fit(
+        "killed",
+        RunConfig(name="killed", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+        epochs=4,
+        kill_rank=0,
+        kill_at=kill_at,
+        kill_marker=str(tmp_path / "killed-once"),
+    )
 
     # It resumed from the last checkpoint Ray had registered: epoch 1's, or epoch 0's when the
     # controller had not yet processed epoch 1's report when rank 0 died 3 steps later (seen under load).
@@ -102,7 +127,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
     # Parameters bit-identical to the uninterrupted run (every rank's digest, after the same steps).
     assert reference.ormas.final["ormas/param_digest"] == resumed.ormas.final["ormas/param_digest"]
     assert len(set(resumed.ormas.digests()[-1])) == 1
-    assert 0 in resumed.ormas.worker_errors[0]             # the killed rank, as the controller saw it
+    assert 0 in resumed.ormas.worker_errors[0]  # the killed rank, as the controller saw it
 
     # Two segments: the killed attempt's (no run_end, every row up to the kill on disk), and the
     # resumed one, linked to it and to the checkpoint it resumed from.
@@ -110,15 +135,17 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
     first, second = records.segments()
     assert not first.complete and second.complete
     killed_rows = lines((storage / "killed/ormas/model/segment-000/metrics.jsonl").read_bytes())
-    assert [r["step"] for r in killed_rows] == list(range(0, kill_at, 3))      # 0, 3, ..., 18: none lost
+    assert [r["step"] for r in killed_rows] == list(range(0, kill_at, 3))  # 0, 3, ..., 18: none lost
     checks = {c.name: c.status for c in verify_run(first.path).checks}
-    assert checks["chain"] == "pass" and checks["bookends"] == "fail"         # verify: "no run_end"
+    assert checks["chain"] == "pass" and checks["bookends"] == "fail"  # verify: "no run_end"
     assert verify_run(second.path).ok
     link = second.link
     assert link["attempt"] == 1 and first.link["attempt"] == 0 and link["fit_id"] == first.link["fit_id"]
     assert link["previous"]["segment"] == "segment-000" and link["previous"]["complete"] is False
-    assert link["previous"]["last_hash"] == lines((storage / "killed/ormas/model/segment-000/diary.jsonl")
-                                                  .read_bytes())[-1]["hash"]
+    assert (
+        link["previous"]["last_hash"]
+        == lines((storage / "killed/ormas/model/segment-000/diary.jsonl").read_bytes())[-1]["hash"]
+    )
     assert link["step_offset"] == offset
     assert link["resumed_from"]["record"]["segment"] == "segment-000"
     assert link["resumed_from"]["checkpoint"].startswith(str(storage / "killed" / "checkpoint_"))

@@ -4,6 +4,7 @@ Each scenario injects one fault on one rank (tests/loops.py) and checks that the
 in `result.ormas.fleet`, the fleet record (read back with open_records, as Arrow), MLflow and
 Ray's metrics. The analysis itself is also checked without Ray, on hand-made facts.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,15 @@ CHECK_EVERY = 5
 
 def fit(storage: Path, name: str, **config) -> ray_ormas.RayOrmasResult:
     kwargs = {k: config.pop(k) for k in ("fleet", "mlflow") if k in config}
-    trainer = RayOrmasTrainer(digits_loop, check_every=CHECK_EVERY, verbose=False, train_loop_config=config,
-                              scaling_config=ScalingConfig(num_workers=2),
-                              run_config=RunConfig(name=name, storage_path=str(storage)), **kwargs)
+    trainer = RayOrmasTrainer(
+        digits_loop,
+        check_every=CHECK_EVERY,
+        verbose=False,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=name, storage_path=str(storage)),
+        **kwargs,
+    )
     return trainer.fit()
 
 
@@ -43,12 +50,12 @@ def alarms(result, kind: str) -> list[dict]:
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
-    slow_from = 20                          # a sampled step: checks at 0, 5, 10, ...
+    slow_from = 20  # a sampled step: checks at 0, 5, 10, ...
     result = fit(storage, "slow", steps=60, slow_rank=1, slow_from=slow_from, slow_s=0.03)
     fleet = result.ormas.fleet
     [alarm] = alarms(result, "straggler")
     assert alarm["ranks"] == [1] and alarm["slow_in"] == "data"
-    assert slow_from <= alarm["step"] <= slow_from + 2 * CHECK_EVERY, alarm     # the 1st, 2nd or 3rd slow check
+    assert slow_from <= alarm["step"] <= slow_from + 2 * CHECK_EVERY, alarm  # the 1st, 2nd or 3rd slow check
     assert alarm["node"] == fleet.ranks[1]["node"] and "rank 1 on node" in alarm["message"]
     assert "data loading" in alarm["message"]
     # Rank 0 may be slow at a single check on a busy machine (a score just under 0.5 once), but
@@ -61,8 +68,11 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
     records = ray_ormas.open_records(storage / "slow")
     checks, table = records.fleet_checks(), records.fleet_alarms()
     assert checks.num_rows == 2 * fleet.checks
-    rank_0_scores = [s for r, s in zip(checks.column("rank").to_pylist(), checks.column("relative_score").to_pylist())
-                     if r == 0 and s is not None]
+    rank_0_scores = [
+        s
+        for r, s in zip(checks.column("rank").to_pylist(), checks.column("relative_score").to_pylist())
+        if r == 0 and s is not None
+    ]
     assert statistics.median(rank_0_scores) >= 0.5, rank_0_scores
     assert sorted(set(checks.column("rank").to_pylist())) == [0, 1]
     assert table.column("kind").to_pylist() == ["straggler"] and table.column("ranks").to_pylist() == [[1]]
@@ -80,6 +90,7 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
 
     # Ray's own metrics, as Prometheus scrapes them from the head node's metrics agent.
     import ray
+
     port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
     text, deadline = "", time.monotonic() + 60
     while EXPORTED["ormas_fleet_alarms"] not in text and time.monotonic() < deadline:
@@ -98,7 +109,7 @@ def test_healthy_digits_run_raises_no_fleet_alarm(storage):
     assert fleet.alarms == [] and fleet.checks == 12
     assert [r["rank"] for r in fleet.ranks] == [0, 1] and all(r["nonfinite_checks"] == 0 for r in fleet.ranks)
     digests = ray_ormas.open_records(storage / "healthy").fleet_checks().to_pydict()["digest"]
-    assert len(set(digests)) > 1                        # the parameters change between checks ...
+    assert len(set(digests)) > 1  # the parameters change between checks ...
     by_check: dict = {}
     for row in ray_ormas.open_records(storage / "healthy").fleet_checks().to_pylist():
         by_check.setdefault(row["check"], set()).add(row["digest"])
@@ -111,8 +122,8 @@ def test_healthy_digits_run_raises_no_fleet_alarm(storage):
 def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(storage):
     result = fit(storage, "diverged", steps=40, nudge_rank=1, nudge_at=22, mlflow=False)
     [alarm] = alarms(result, "divergence")
-    assert alarm["ranks"] == [1] and alarm["step"] == 25         # the first check after step 22
-    assert alarm["layer"] == "conv2.0"                           # the first layer that differs
+    assert alarm["ranks"] == [1] and alarm["step"] == 25  # the first check after step 22
+    assert alarm["layer"] == "conv2.0"  # the first layer that differs
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -140,25 +151,28 @@ def test_a_hang_error_lands_in_the_fleet_record(storage):
 def test_with_fleet_health_off_nothing_of_it_runs(storage):
     result = fit(storage, "off", steps=12, fleet=False)
     assert result.ormas.fleet is None
-    assert result.return_value["fleet_probe"] is False          # no probe, no hooks, no facts sent
+    assert result.return_value["fleet_probe"] is False  # no probe, no hooks, no facts sent
     assert not (storage / "off" / "ormas" / "fleet").exists()
     client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'off' / 'mlflow' / 'mlflow.db'}")
     assert not [k for k in client.get_run(result.ormas.mlflow_run_id).data.metrics if k.startswith("fleet/")]
 
 
 # ------------------------------------------------------------------ on the driver, before anything starts
-@pytest.mark.parametrize("options, words", [
-    ({"slow_score": 1.5}, "slow_score\n  Input should be less than 1"),
-    ({"slow_score": 0}, "slow_score\n  Input should be greater than 0"),
-    ({"slow_checks": 2.5}, "slow_checks\n  Input should be a valid integer"),
-    ({"slow_checks": 0}, "slow_checks\n  Input should be greater than or equal to 1"),
-    ({"min_excess": -0.1}, "min_excess\n  Input should be greater than or equal to 0"),
-    ({"mlflow_ranks": -1}, "mlflow_ranks\n  Input should be greater than or equal to 0"),
-    ({"nccl_hang_detector": "observer"}, "nccl_hang_detector\n  Input should be 'off', 'observe' or 'fail'"),
-    ({"nccl_hang_detector": True}, "`on` is not a mode: use 'observe'"),
-    ({"nccl_hang_confirm_s": 0}, "nccl_hang_confirm_s\n  Input should be greater than 0"),
-    ({"divergence": "yes"}, "divergence\n  Input should be a valid boolean"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"slow_score": 1.5}, "slow_score\n  Input should be less than 1"),
+        ({"slow_score": 0}, "slow_score\n  Input should be greater than 0"),
+        ({"slow_checks": 2.5}, "slow_checks\n  Input should be a valid integer"),
+        ({"slow_checks": 0}, "slow_checks\n  Input should be greater than or equal to 1"),
+        ({"min_excess": -0.1}, "min_excess\n  Input should be greater than or equal to 0"),
+        ({"mlflow_ranks": -1}, "mlflow_ranks\n  Input should be greater than or equal to 0"),
+        ({"nccl_hang_detector": "observer"}, "nccl_hang_detector\n  Input should be 'off', 'observe' or 'fail'"),
+        ({"nccl_hang_detector": True}, "`on` is not a mode: use 'observe'"),
+        ({"nccl_hang_confirm_s": 0}, "nccl_hang_confirm_s\n  Input should be greater than 0"),
+        ({"divergence": "yes"}, "divergence\n  Input should be a valid boolean"),
+    ],
+)
 def test_bad_fleet_options_are_refused(options, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         FleetSettings(**options)
@@ -168,11 +182,13 @@ def test_fleet_options_are_checked_by_the_trainer_on_the_driver(caplog):
     with pytest.raises(TypeError, match="fleet must be True, False or a ray_ormas.FleetSettings"):
         RayOrmasTrainer(digits_loop, fleet="yes", scaling_config=ScalingConfig(num_workers=2))
     with pytest.raises(ValueError, match="only GPU workers have: set ScalingConfig"):
-        RayOrmasTrainer(digits_loop, fleet=FleetSettings(nccl_hang_detector="fail"),
-                        scaling_config=ScalingConfig(num_workers=2))
+        RayOrmasTrainer(
+            digits_loop, fleet=FleetSettings(nccl_hang_detector="fail"), scaling_config=ScalingConfig(num_workers=2)
+        )
     with caplog.at_level(logging.WARNING, logger="ray_ormas"):
-        t = RayOrmasTrainer(digits_loop, fleet=FleetSettings(slow_checks=5),
-                            scaling_config=ScalingConfig(num_workers=1))
+        t = RayOrmasTrainer(
+            digits_loop, fleet=FleetSettings(slow_checks=5), scaling_config=ScalingConfig(num_workers=1)
+        )
     assert t.fleet is None and "with one worker there is nothing to compare" in caplog.text
     assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=1)).fleet is None
     assert RayOrmasTrainer(digits_loop, scaling_config=ScalingConfig(num_workers=3)).fleet == FleetSettings()
@@ -181,16 +197,31 @@ def test_fleet_options_are_checked_by_the_trainer_on_the_driver(caplog):
 def test_the_hang_detector_switch_sets_rays_variables():
     assert FleetSettings().hang_detector_env() == {}
     assert FleetSettings(nccl_hang_detector="fail", nccl_hang_confirm_s=120).hang_detector_env() == {
-        "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR": "1", "RAY_TRAIN_NCCL_RAS_ACTION": "fail",
-        "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": "120"}
+        "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR": "1",
+        "RAY_TRAIN_NCCL_RAS_ACTION": "fail",
+        "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S": "120",
+    }
 
 
 # ------------------------------------------------------------------ the analysis, without Ray
-def facts(rank: int, check: int, data: float = 0.001, forward: float = 0.002, digest: str = "d", loss: float = 1.0,
-          **extra) -> dict:
-    return {"rank": rank, "node": f"10.0.0.{rank}", "check": check, "step": check * 10, "data_s": data,
-            "forward_s": forward, "wall_s": 0.01 + data, "loss": loss, "nonfinite_loss": loss != loss,
-            "nonfinite_layers": [], "digest": digest, "groups": [digest] * 3, **extra}
+def facts(
+    rank: int, check: int, data: float = 0.001, forward: float = 0.002, digest: str = "d", loss: float = 1.0, **extra
+) -> dict:
+    return {
+        "rank": rank,
+        "node": f"10.0.0.{rank}",
+        "check": check,
+        "step": check * 10,
+        "data_s": data,
+        "forward_s": forward,
+        "wall_s": 0.01 + data,
+        "loss": loss,
+        "nonfinite_loss": loss != loss,
+        "nonfinite_layers": [],
+        "digest": digest,
+        "groups": [digest] * 3,
+        **extra,
+    }
 
 
 def feed(analyzer: FleetAnalyzer, per_check: list[list[dict]]) -> list[dict]:
@@ -255,6 +286,7 @@ def test_a_check_missing_a_rank_is_dropped_not_kept_forever():
 @pytest.mark.parametrize("values", [[1.0], [1.0, 2.0], [1.0, 2.0, 3.0], [1.0, 2.0, 2.0, 5.0, 9.0]])
 def test_median_without_one_value(values):
     import statistics
+
     for v in values:
         rest = list(values)
         rest.remove(v)
@@ -262,8 +294,9 @@ def test_median_without_one_value(values):
 
 
 def test_yaml_fleet_section(tmp_path):
-    from ray_ormas._internal.common.job_config import ConfigError, load_config
     from ray_ormas._internal.cli.train import build_trainer
+    from ray_ormas._internal.common.job_config import ConfigError, load_config
+
     config = Path(__file__).resolve().parent.parent / "examples" / "digits_watch.yaml"
     job = load_config(config, ["fleet.slow_checks=5", "scaling.workers=2", f"storage.path={tmp_path}"])
     assert build_trainer(job).fleet == FleetSettings(slow_checks=5)
@@ -273,8 +306,9 @@ def test_yaml_fleet_section(tmp_path):
     with pytest.raises(ConfigError, match="fleet.slow_score"):
         load_config(config, ["fleet.slow_score=1.2"])
     with pytest.raises(ValueError, match="nccl_hang_detector='fail' watches NCCL"):
-        build_trainer(load_config(config, ["fleet.nccl_hang_detector=fail", "scaling.workers=2",
-                                           f"storage.path={tmp_path}"]))
+        build_trainer(
+            load_config(config, ["fleet.nccl_hang_detector=fail", "scaling.workers=2", f"storage.path={tmp_path}"])
+        )
     # YAML reads a bare `off` as false: it still means "off"; `on` is no mode.
     off = load_config(config, ["fleet.nccl_hang_detector=off", f"storage.path={tmp_path}"])
     assert build_trainer(off).fleet.nccl_hang_detector == "off"
@@ -285,8 +319,10 @@ def test_yaml_fleet_section(tmp_path):
 
 def test_the_grafana_dashboard_shows_the_exported_metrics():
     import re
-    dashboard = json.loads((Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "ray-ormas-fleet.json")
-                           .read_text())
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "ray-ormas-fleet.json").read_text()
+    )
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {name for e in exprs for name in re.findall(r"ray_ormas_fleet_\w+", e)}
     assert used == set(EXPORTED.values())

@@ -2,6 +2,7 @@
 mypy on the package, the import contracts (import-linter, configured in pyproject.toml), what a
 worker's imports load, the public surface and its errors.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,14 @@ BIN = Path(sys.executable).parent
 
 
 def run_tool(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(Path.home())})
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(Path.home())},
+    )
 
 
 def test_ruff_finds_nothing_to_lint():
@@ -45,29 +52,49 @@ def test_the_import_contracts_are_kept():
 
 
 # What a worker process imports: the loop's API, the function Ray runs, the framework callbacks.
-WORKER_ENTRY = ("ray_ormas", "ray_ormas._internal.worker.api", "ray_ormas._internal.worker.loop",
-                "ray_ormas._internal.worker.integrations.lightning", "ray_ormas._internal.worker.integrations.transformers")
-HEAD_SIDE = ("ray_ormas._internal.head", "ray_ormas._internal.tracking", "ray_ormas._internal.driver",
-             "ray_ormas._internal.cli", "mlflow")
+WORKER_ENTRY = (
+    "ray_ormas",
+    "ray_ormas._internal.worker.api",
+    "ray_ormas._internal.worker.loop",
+    "ray_ormas._internal.worker.integrations.lightning",
+    "ray_ormas._internal.worker.integrations.transformers",
+)
+HEAD_SIDE = (
+    "ray_ormas._internal.head",
+    "ray_ormas._internal.tracking",
+    "ray_ormas._internal.driver",
+    "ray_ormas._internal.cli",
+    "mlflow",
+)
 
 
 def test_importing_what_a_worker_needs_loads_nothing_of_the_head_side():
-    code = ("import sys\n"
-            f"for m in {WORKER_ENTRY!r}: __import__(m)\n"
-            "import ray_ormas; ray_ormas.prepare_model, ray_ormas.monitor, ray_ormas.report, ray_ormas.epochs\n"
-            "print('\\n'.join(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            check=True).stdout.split()
-    assert "ray_ormas._internal.worker.session" in loaded          # the check sees the worker side at all
+    code = (
+        "import sys\n"
+        f"for m in {WORKER_ENTRY!r}: __import__(m)\n"
+        "import ray_ormas; ray_ormas.prepare_model, ray_ormas.monitor, ray_ormas.report, ray_ormas.epochs\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split()
+    assert "ray_ormas._internal.worker.session" in loaded  # the check sees the worker side at all
     head = [m for m in loaded if m.startswith(HEAD_SIDE)]
     assert not head, f"a worker's imports load the head side: {head}"
 
 
 def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
     classes = {name: getattr(errors, name) for name in errors.__all__}
-    builtins = {"ConfigError": ValueError, "OptionError": ValueError, "RecordStorageError": ValueError,
-                "StoragePathError": ValueError, "RankMismatchError": RuntimeError, "OrmasCompatError": RuntimeError,
-                "RankSyncTimeoutError": TimeoutError, "RaySeamChanged": RuntimeError}
+    builtins = {
+        "ConfigError": ValueError,
+        "OptionError": ValueError,
+        "RecordStorageError": ValueError,
+        "StoragePathError": ValueError,
+        "RankMismatchError": RuntimeError,
+        "OrmasCompatError": RuntimeError,
+        "RankSyncTimeoutError": TimeoutError,
+        "RaySeamChanged": RuntimeError,
+    }
     assert set(classes) == {*builtins, "RayOrmasError"}
     for name, builtin in builtins.items():
         assert issubclass(classes[name], errors.RayOrmasError) and issubclass(classes[name], builtin), name
@@ -79,8 +106,9 @@ def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 bases = {ast.unparse(b) for b in node.bases}
-                assert not bases & {"Exception", "ValueError", "RuntimeError", "TimeoutError"}, \
+                assert not bases & {"Exception", "ValueError", "RuntimeError", "TimeoutError"}, (
                     f"{path}: {node.name} is an error outside ray_ormas/errors.py"
+                )
 
 
 def test_the_public_names_resolve_and_are_all_listed():

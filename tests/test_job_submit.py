@@ -6,6 +6,7 @@ The test starts its own head node (`ray start --head --block`, bound to 127.0.0.
 run, and then stops exactly what it started: the head's process group, then any process left
 holding the test's unique paths. The session's own Ray cluster is untouched.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ from ormas_monitor.record import verify_run
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.system      # its own Ray head or cluster
+pytestmark = pytest.mark.system  # its own Ray head or cluster
 
 BIN = Path(sys.executable).parent
 
@@ -50,14 +51,14 @@ def stop(head: subprocess.Popen, *marks: str) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    for mark in marks:              # anything of ours that left the group (the job's driver, Ray's daemons)
+    for mark in marks:  # anything of ours that left the group (the job's driver, Ray's daemons)
         subprocess.run(["pkill", "-9", "-f", mark], check=False)
 
 
 @pytest.mark.timeout(600)
 def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
     mark = f"ro-{secrets.token_hex(3)}"
-    temp_dir = Path("/tmp") / mark                       # short: Ray's socket paths live under it
+    temp_dir = Path("/tmp") / mark  # short: Ray's socket paths live under it
     storage = tmp_path / f"storage-{mark}"
     work = tmp_path / "work"
     shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__"))
@@ -68,13 +69,30 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
     address = f"http://127.0.0.1:{dashboard}"
     log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--include-dashboard=true",
-         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-         f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-         f"--metrics-export-port={free_port()}", "--num-cpus=2", f"--temp-dir={temp_dir}",
-         "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs}",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            "--include-dashboard=true",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            "--num-cpus=2",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while ray_cli("job", "list", "--address", address, env=env).returncode != 0:
@@ -87,11 +105,27 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
         assert wrong.returncode != 0
 
         sid = f"ray-ormas-{mark}"
-        submit = ("job", "submit", "--address", address, "--working-dir", str(work), "--submission-id", sid,
-                  "--no-wait", "--", "ray-ormas", "train", "examples/digits_repair.yaml",
-                  "--set", "train.epochs=2", "--set", f"storage.path={storage}")
+        submit = (
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--working-dir",
+            str(work),
+            "--submission-id",
+            sid,
+            "--no-wait",
+            "--",
+            "ray-ormas",
+            "train",
+            "examples/digits_repair.yaml",
+            "--set",
+            "train.epochs=2",
+            "--set",
+            f"storage.path={storage}",
+        )
         deadline = time.monotonic() + 90
-        while True:             # the job server answers before its agent is ready to take a job
+        while True:  # the job server answers before its agent is ready to take a job
             submitted = ray_cli(*submit, env=env)
             if submitted.returncode == 0 or "No available agent" not in submitted.stderr:
                 break
@@ -109,8 +143,8 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
         assert f"job '{sid}' succeeded" in status, logs[-5000:]
 
         assert "connecting to the Ray cluster at" in logs
-        assert "[ray-ormas] model step      0" in logs and "repaired   96 ch" in logs     # progress lines
-        assert "conv2.0       0         32        32             0  repaired" in logs     # the summary
+        assert "[ray-ormas] model step      0" in logs and "repaired   96 ch" in logs  # progress lines
+        assert "conv2.0       0         32        32             0  repaired" in logs  # the summary
         record = storage / "digits-repair" / "ormas" / "model" / "segment-000"
         assert verify_run(record).ok and (record / "report.html").is_file()
         client = MlflowClient(f"sqlite:///{storage / 'digits-repair' / 'mlflow' / 'mlflow.db'}")
@@ -120,9 +154,22 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
 
         # A relative storage path would live in the job's temporary working directory: refused
         # on the driver, exit 2, the job FAILED with the reason, nothing trained.
-        relative = ray_cli("job", "submit", "--address", address, "--working-dir", str(work), "--",
-                           "ray-ormas", "train", "examples/digits_repair.yaml", "--set", "storage.path=./runs",
-                           env=env, timeout=300)
+        relative = ray_cli(
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--working-dir",
+            str(work),
+            "--",
+            "ray-ormas",
+            "train",
+            "examples/digits_repair.yaml",
+            "--set",
+            "storage.path=./runs",
+            env=env,
+            timeout=300,
+        )
         assert relative.returncode != 0
         said = relative.stdout + relative.stderr
         assert "storage.path: './runs' is a relative path, and this runs under `ray job submit`" in said, said[-3000:]
@@ -130,8 +177,12 @@ def test_ray_job_submit_runs_the_config_on_a_token_authenticated_head(tmp_path):
     finally:
         stop(head, str(temp_dir), str(storage))
         log.close()
-        shutil.copytree(temp_dir / "session_latest" / "logs", tmp_path / "ray-logs", dirs_exist_ok=True,
-                        ignore_dangling_symlinks=True) if (temp_dir / "session_latest").exists() else None
+        shutil.copytree(
+            temp_dir / "session_latest" / "logs",
+            tmp_path / "ray-logs",
+            dirs_exist_ok=True,
+            ignore_dangling_symlinks=True,
+        ) if (temp_dir / "session_latest").exists() else None
         shutil.rmtree(temp_dir, ignore_errors=True)
     leftover = subprocess.run(["pgrep", "-f", mark], capture_output=True, text=True).stdout.split()
     assert leftover == [], f"processes left running: {leftover}"

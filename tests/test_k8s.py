@@ -5,6 +5,7 @@ evaluated, every core object against Kubernetes' own schemas (kubernetes-validat
 policies hold (token auth, pinned images, no hostPath, non-root, GPU worker group, the operator's
 rules for deletion rules and suspended jobs); and the RayJob's entrypoint with the ConfigMap's
 config runs for real against the session's local Ray cluster (CPU)."""
+
 from __future__ import annotations
 
 import copy
@@ -69,8 +70,11 @@ def strict(node: Any) -> Any:
         if node.pop("x-kubernetes-int-or-string", False):
             node.pop("type", None)
             node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-        if "properties" in node and "additionalProperties" not in node \
-                and not node.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         for value in node.values():
             strict(value)
@@ -84,8 +88,11 @@ def cel_violations(schema: dict[str, Any], node: Any, path: str = "") -> list[st
     """The messages of the CRD's CEL rules (`x-kubernetes-validations`) that `node` breaks, as
     the API server evaluates them on create: every rule where its field is present; transition
     rules (those that read `oldSelf`) only apply to updates and are skipped."""
-    broken = [f"{path or '.'}: {rule['message']}" for rule in schema.get("x-kubernetes-validations", [])
-              if "oldSelf" not in rule["rule"] and cel.evaluate(rule["rule"], {"self": node}) is not True]
+    broken = [
+        f"{path or '.'}: {rule['message']}"
+        for rule in schema.get("x-kubernetes-validations", [])
+        if "oldSelf" not in rule["rule"] and cel.evaluate(rule["rule"], {"self": node}) is not True
+    ]
     if isinstance(node, dict):
         extra = schema.get("additionalProperties")
         for key, value in node.items():
@@ -140,7 +147,7 @@ def test_every_object_validates_strictly(variant):
 
 def test_the_crd_check_rejects_an_unknown_field():
     (rayjob,) = by_kind(render(K8S / "rayjob"), "RayJob")
-    rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {}       # a typo
+    rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {}  # a typo
     errors = list(jsonschema.Draft7Validator(crd_schema("RayJob")).iter_errors(rayjob))
     assert any("rayStartParam" in e.message for e in errors)
     # The CEL rules: legacy policies beside deletion rules, and a condition with both statuses.
@@ -148,10 +155,12 @@ def test_the_crd_check_rejects_an_unknown_field():
     strategy["onSuccess"] = {"policy": "DeleteCluster"}
     strategy["deletionRules"][0]["condition"]["jobDeploymentStatus"] = "Failed"
     errors = cel_violations(crd_version_schema("RayJob"), rayjob)
-    assert any(".spec.deletionStrategy: legacy policies (onSuccess/onFailure) and deletionRules" in e
-               for e in errors), errors
-    assert any(".spec.deletionStrategy.deletionRules[0].condition: JobStatus and JobDeploymentStatus" in e
-               for e in errors), errors
+    assert any(
+        ".spec.deletionStrategy: legacy policies (onSuccess/onFailure) and deletionRules" in e for e in errors
+    ), errors
+    assert any(
+        ".spec.deletionStrategy.deletionRules[0].condition: JobStatus and JobDeploymentStatus" in e for e in errors
+    ), errors
     deployment = copy.deepcopy(by_kind(render(K8S / "rayjob"), "Deployment")[0])
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -177,7 +186,11 @@ def test_policies_hold_in_every_variant(variant):
     assert pod["containers"][0]["image"] == "ghcr.io/mlflow/mlflow:v3.17.2"
     assert {e["secretRef"]["name"] for e in pod["containers"][0]["envFrom"]} == {"ray-ormas-mlflow"}
     assert {o["kind"] for o in objects if o["metadata"]["name"] == "ray-ormas-mlflow"} == {
-        "Deployment", "Service", "PersistentVolumeClaim", "Secret"}
+        "Deployment",
+        "Service",
+        "PersistentVolumeClaim",
+        "Secret",
+    }
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in head["env"]}
     assert env["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "ray-ormas-mlflow"
@@ -197,11 +210,11 @@ def test_the_gpu_worker_group(variant):
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "shm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
     nccl = {e["name"]: e["value"] for e in worker["env"] if e["name"].startswith("NCCL_")}
-    if variant == "overlays/nccl-tcp":          # TCP pinned on request only
+    if variant == "overlays/nccl-tcp":  # TCP pinned on request only
         assert nccl == {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
-    else:                                       # NCCL picks InfiniBand/RoCE where the pods have it
+    else:  # NCCL picks InfiniBand/RoCE where the pods have it
         assert nccl == {"NCCL_DEBUG": "WARN"}
-    assert not [e["name"] for e in worker["env"] if e["name"].startswith("MLFLOW_")]   # only the head talks to MLflow
+    assert not [e["name"] for e in worker["env"] if e["name"].startswith("MLFLOW_")]  # only the head talks to MLflow
     assert "ray-ormas-mlflow" not in str(worker)
     assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
 
@@ -257,22 +270,35 @@ def test_what_goes_when_the_job_ends(variant):
     assert_kuberay_accepts_the_deletion_fields(rayjob)
     spec = rayjob["spec"]
     assert spec["backoffLimit"] == 0 and spec["rayClusterSpec"]["enableInTreeAutoscaling"] is False
-    if variant == "overlays/kueue":             # created suspended in a LocalQueue; Kueue admits it whole
+    if variant == "overlays/kueue":  # created suspended in a LocalQueue; Kueue admits it whole
         assert spec["suspend"] is True and rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
         assert "deletionStrategy" not in spec and spec["ttlSecondsAfterFinished"] == 600
         return
     assert "suspend" not in spec and "shutdownAfterJobFinishes" not in spec
-    rules = {(r["policy"], r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"]):
-             r["condition"]["ttlSeconds"] for r in spec["deletionStrategy"]["deletionRules"]}
-    assert rules == {("DeleteCluster", "SUCCEEDED"): 60, ("DeleteWorkers", "FAILED"): 0,
-                     ("DeleteCluster", "FAILED"): 3600, ("DeleteCluster", "Failed"): 600}
-    assert not [p for p, _ in rules if p == "DeleteSelf"]       # the RayJob and its status stay
+    rules = {
+        (r["policy"], r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"]): r["condition"][
+            "ttlSeconds"
+        ]
+        for r in spec["deletionStrategy"]["deletionRules"]
+    }
+    assert rules == {
+        ("DeleteCluster", "SUCCEEDED"): 60,
+        ("DeleteWorkers", "FAILED"): 0,
+        ("DeleteCluster", "FAILED"): 3600,
+        ("DeleteCluster", "Failed"): 600,
+    }
+    assert not [p for p, _ in rules if p == "DeleteSelf"]  # the RayJob and its status stay
 
 
 def test_the_legacy_deletion_component_for_operators_without_the_feature_gate(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [os.path.relpath(K8S / "rayjob", tmp_path)],
-        "components": [os.path.relpath(K8S / "components" / "legacy-deletion", tmp_path)]}))
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(K8S / "rayjob", tmp_path)],
+                "components": [os.path.relpath(K8S / "components" / "legacy-deletion", tmp_path)],
+            }
+        )
+    )
     (rayjob,) = by_kind(render(tmp_path), "RayJob")
     assert not validation_errors(rayjob)
     assert_kuberay_accepts_the_deletion_fields(rayjob)
@@ -296,13 +322,17 @@ def entrypoint_and_config(variant: str, tmp_path: Path) -> tuple[str, Path]:
 
 def test_the_gpu_rayjob_entrypoint_and_config_are_valid(tmp_path):
     command, _ = entrypoint_and_config("rayjob", tmp_path)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "RAY_ORMAS_STORAGE_PATH": str(tmp_path / "runs")}
-    done = subprocess.run(["bash", "-c", command + " --dry-run"], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RAY_ORMAS_STORAGE_PATH": str(tmp_path / "runs"),
+    }
+    done = subprocess.run(
+        ["bash", "-c", command + " --dry-run"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "use_gpu: true" in done.stdout and f"path: {tmp_path / 'runs'}" in done.stdout
-    assert "nccl_hang_detector: fail" in done.stdout        # the GPU manifests carry the hang detector's switch
+    assert "nccl_hang_detector: fail" in done.stdout  # the GPU manifests carry the hang detector's switch
 
 
 @pytest.mark.timeout(300)
@@ -313,8 +343,12 @@ def test_the_cpu_rayjob_entrypoint_runs_for_real(ray_cluster, tmp_path, request,
     RAY_ORMAS_STORAGE_PATH, endpoint and credentials in the environment)."""
     command, _ = entrypoint_and_config("overlays/cpu", tmp_path)
     storage = str(tmp_path / "runs") if where == "pvc" else f"{request.getfixturevalue('s3').bucket()}/runs"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "RAY_ORMAS_STORAGE_PATH": storage, "RAY_ADDRESS": ray_cluster.address_info["address"]}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RAY_ORMAS_STORAGE_PATH": storage,
+        "RAY_ADDRESS": ray_cluster.address_info["address"],
+    }
     env.pop("MLFLOW_TRACKING_URI", None)
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=280, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -325,7 +359,7 @@ def test_the_cpu_rayjob_entrypoint_runs_for_real(ray_cluster, tmp_path, request,
     assert segment.complete and segment.path.endswith("digits-repair/ormas/model/segment-000")
     if where == "pvc":
         assert verify_run(segment.path).ok
-    else:                                           # verified where it is read back: a local copy
+    else:  # verified where it is read back: a local copy
         local = tmp_path / "copy"
         records.store.download(segment.path, local)
         assert verify_run(local).ok

@@ -4,6 +4,7 @@ The ground truth is the record: after every scenario (a worker killed, the serve
 started again, a server down for the whole fit then `ray-ormas mlflow-sync`, workers that cannot
 reach the server), MLflow's metric histories must equal the record's rows at their run steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,15 @@ def server(tmp_path_factory):
 
 def fit(storage: Path, name: str, settings: MLflowSettings, workers: int = 2, **kwargs):
     run_config = kwargs.pop("run_config", RunConfig(name=name, storage_path=str(storage)))
-    return RayOrmasTrainer(digits_loop, check_every=4, verbose=False, mlflow=settings,
-                           scaling_config=ScalingConfig(num_workers=workers), run_config=run_config, **kwargs).fit()
+    return RayOrmasTrainer(
+        digits_loop,
+        check_every=4,
+        verbose=False,
+        mlflow=settings,
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=run_config,
+        **kwargs,
+    ).fit()
 
 
 def runs_of(uri: str, experiment: str) -> list:
@@ -62,10 +70,20 @@ def diary(path: Path) -> list[dict]:
 @pytest.mark.timeout(300)
 def test_one_complete_run_per_fit(ray_cluster, server, storage, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "s3cr3t-t0ken")
-    config = {"steps": 16, "report_at": [8], "checkpoint": True,
-              "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}}, "long": "x" * 7000, "api": "s3cr3t-t0ken"}
-    result = fit(storage, "tracked", MLflowSettings(tracking_uri=server, experiment_name="one-run",
-                                                    tags={"team": "vision"}), train_loop_config=config)
+    config = {
+        "steps": 16,
+        "report_at": [8],
+        "checkpoint": True,
+        "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}},
+        "long": "x" * 7000,
+        "api": "s3cr3t-t0ken",
+    }
+    result = fit(
+        storage,
+        "tracked",
+        MLflowSettings(tracking_uri=server, experiment_name="one-run", tags={"team": "vision"}),
+        train_loop_config=config,
+    )
     [run] = runs_of(server, "one-run")
     client = MlflowClient(server)
     assert result.ormas.mlflow_run_id == run.info.run_id and run.info.status == "FINISHED"
@@ -76,9 +94,9 @@ def test_one_complete_run_per_fit(ray_cluster, server, storage, monkeypatch, cap
     assert p["strategy"] == "ddp" and p["scaling.num_workers"] == "2"
     assert len(p["train_loop_config.long"]) == 6000 and p["train_loop_config.long"].endswith("...")
     assert "train_loop_config.long" in run.data.tags["ray_ormas.truncated_params"]
-    assert p["train_loop_config.api"] == "***"                       # the env's secret never lands
+    assert p["train_loop_config.api"] == "***"  # the env's secret never lands
     losses = client.get_metric_history(run.info.run_id, "ormas/loss")
-    assert [m.step for m in losses] == [0, 4, 8, 12]                 # one row per check, at its step
+    assert [m.step for m in losses] == [0, 4, 8, 12]  # one row per check, at its step
     assert len(client.get_metric_history(run.info.run_id, "ormas/grad_norm/conv2.0")) == 4
     assert client.get_metric_history(run.info.run_id, "ormas/events/manifest")[0].step == 0
     assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
@@ -93,12 +111,15 @@ def test_failure_is_failed_with_the_error_and_a_restart_stays_one_run(ray_cluste
     settings = MLflowSettings(tracking_uri=server, experiment_name="failures")
     with pytest.raises(TrainingFailedError):
         fit(storage, "boom", settings, train_loop_config={"steps": 10, "raise_at": 5})
-    restarted = fit(storage, "restart", settings,
-                    train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "once")},
-                    run_config=RunConfig(name="restart", storage_path=str(storage),
-                                         failure_config=FailureConfig(max_failures=1)))
+    restarted = fit(
+        storage,
+        "restart",
+        settings,
+        train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "once")},
+        run_config=RunConfig(name="restart", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+    )
     runs = {r.info.run_name: r for r in runs_of(server, "failures")}
-    assert set(runs) == {"boom", "restart"}                         # one run per fit, restart included
+    assert set(runs) == {"boom", "restart"}  # one run per fit, restart included
     assert runs["boom"].info.status == "FAILED"
     assert "boom at step 5" in runs["boom"].data.tags["ray_ormas.error"]
     assert runs["restart"].info.status == "FINISHED"
@@ -113,8 +134,9 @@ def test_an_existing_run_id_is_continued(ray_cluster, server, storage):
     client = MlflowClient(server)
     exp = client.create_experiment("continued")
     run_id = client.create_run(exp, run_name="mine").info.run_id
-    result = fit(storage, "continued", MLflowSettings(tracking_uri=server, run_id=run_id),
-                 train_loop_config={"steps": 8})
+    result = fit(
+        storage, "continued", MLflowSettings(tracking_uri=server, run_id=run_id), train_loop_config={"steps": 8}
+    )
     assert result.ormas.mlflow_run_id == run_id
     [run] = runs_of(server, "continued")
     assert run.info.status == "FINISHED" and run.data.metrics["ormas/loss"] > 0
@@ -136,9 +158,12 @@ def test_bad_mlflow_settings_fail_on_the_driver(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"max_pending\n  Input should be greater than or equal to 1000"):
         MLflowSettings(max_pending=10)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="does not exist"):      # on the driver, before anything starts
-        RayOrmasTrainer(digits_loop, mlflow=MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32),
-                        run_config=RunConfig(name="c", storage_path=str(tmp_path)))
+    with pytest.raises(ValueError, match="does not exist"):  # on the driver, before anything starts
+        RayOrmasTrainer(
+            digits_loop,
+            mlflow=MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32),
+            run_config=RunConfig(name="c", storage_path=str(tmp_path)),
+        )
 
 
 INTERRUPTED_DRIVER = textwrap.dedent("""
@@ -160,8 +185,14 @@ def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
     root = str(Path(__file__).resolve().parent.parent)
     script = INTERRUPTED_DRIVER.format(root=root, uri=server, storage=str(storage))
     env = {**os.environ, "PYTHONPATH": root}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 180
         while not any(r.data.metrics for r in runs_of(server, "interrupted")):
@@ -179,9 +210,11 @@ def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
 
 def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
     from ray_ormas._internal.tracking.values import fit_params, flatten_params, shown
+
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
-    flat = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v",
-                           "lr@warmup": 3})
+    flat = flatten_params(
+        {"a": {"b": {"c": 1}, "empty": {}}, "l": [1, 2], "pw": "x-hunter22-y", "k" * 300: "v", "lr@warmup": 3}
+    )
     assert flat["a.b.c"] == "1" and flat["a.empty"] == "{}" and flat["l"] == "[1, 2]"
     values, cut = fit_params(flat)
     assert values["pw"] == "x-***-y" and "k" * 250 in values and cut == ["k" * 300, "lr@warmup"]
@@ -191,6 +224,7 @@ def test_params_are_flattened_truncated_and_scrubbed(monkeypatch):
 
 def test_relative_stores_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
     from ray_ormas._internal.tracking.values import absolute_store_uri
+
     monkeypatch.chdir(tmp_path)
     assert absolute_store_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
     assert absolute_store_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
@@ -200,13 +234,24 @@ def test_relative_stores_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
 
 def test_a_continued_run_keeps_its_params_and_tags_the_changed_ones(tmp_path):
     from ray_ormas._internal.tracking.sync import new_journal, open_run
+
     uri = f"sqlite:///{tmp_path / 'c.db'}"
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("c")).info.run_id
     client.log_param(run_id, "lr", "0.1")
-    journal = new_journal(fit_id="f", run_name="c", tracking_uri=uri, experiment="c", mlflow_run_name="c", tags={},
-                          params={"lr": 0.2, "epochs": 3}, run_id=run_id, log_checkpoints="none",
-                          checkpoint_metric=None, checkpoint_mode="min")
+    journal = new_journal(
+        fit_id="f",
+        run_name="c",
+        tracking_uri=uri,
+        experiment="c",
+        mlflow_run_name="c",
+        tags={},
+        params={"lr": 0.2, "epochs": 3},
+        run_id=run_id,
+        log_checkpoints="none",
+        checkpoint_metric=None,
+        checkpoint_mode="min",
+    )
     assert open_run(client, journal) == run_id
     run = client.get_run(run_id)
     assert run.data.params == {"lr": "0.1", "epochs": "3"} and run.data.tags["ray_ormas.changed_params"] == "lr"
@@ -217,21 +262,49 @@ def test_loop_metrics_keep_numbers_and_skip_the_rest():
     import torch
 
     from ray_ormas._internal.tracking.values import loop_metrics
-    kept, skipped = loop_metrics({"a": 1, "b": 2.5, "ok": True, "n": np.float32(0.5), "t": torch.tensor(3.0),
-                                  "nan": float("nan"), "inf": float("inf"), "s": "x", "l": [1], "d": {"x": 1},
-                                  "none": None, "big": torch.ones(3), "ormas/loss": 1.0, "val/acc@1": 0.5,
-                                  "a//b": 1.0, "x" * 251: 1.0, "val/top-1 acc": 0.25})
-    assert {k: v for k, v in kept.items() if k not in ("nan",)} == \
-        {"a": 1.0, "b": 2.5, "ok": 1.0, "n": 0.5, "t": 3.0, "inf": math.inf, "val/top-1 acc": 0.25}
+
+    kept, skipped = loop_metrics(
+        {
+            "a": 1,
+            "b": 2.5,
+            "ok": True,
+            "n": np.float32(0.5),
+            "t": torch.tensor(3.0),
+            "nan": float("nan"),
+            "inf": float("inf"),
+            "s": "x",
+            "l": [1],
+            "d": {"x": 1},
+            "none": None,
+            "big": torch.ones(3),
+            "ormas/loss": 1.0,
+            "val/acc@1": 0.5,
+            "a//b": 1.0,
+            "x" * 251: 1.0,
+            "val/top-1 acc": 0.25,
+        }
+    )
+    assert {k: v for k, v in kept.items() if k not in ("nan",)} == {
+        "a": 1.0,
+        "b": 2.5,
+        "ok": 1.0,
+        "n": 0.5,
+        "t": 3.0,
+        "inf": math.inf,
+        "val/top-1 acc": 0.25,
+    }
     assert math.isnan(kept["nan"]) and sorted(skipped) == ["a//b", "big", "d", "l", "none", "s", "val/acc@1", "x" * 251]
 
 
 def test_the_checkpoint_policy_picks_none_last_best_or_all():
     from ray_ormas._internal.tracking.sync import chosen_checkpoints
-    cps = [{"step": s, "path": f"/c{s}", "metrics": {"val": v}} for s, v in ((1, 0.5), (2, 0.2), (3, float("nan")),
-                                                                            (4, 0.9))]
+
+    cps = [
+        {"step": s, "path": f"/c{s}", "metrics": {"val": v}}
+        for s, v in ((1, 0.5), (2, 0.2), (3, float("nan")), (4, 0.9))
+    ]
     base = {"checkpoints": cps, "final_checkpoint": "/c4", "checkpoint_metric": "val"}
-    paths = lambda **kw: [c["path"] for c in chosen_checkpoints({**base, **kw})]    # noqa: E731
+    paths = lambda **kw: [c["path"] for c in chosen_checkpoints({**base, **kw})]  # noqa: E731
     assert paths(log_checkpoints="none") == []
     assert paths(log_checkpoints="last") == ["/c4"]
     assert paths(log_checkpoints="all") == ["/c1", "/c2", "/c3", "/c4"]
@@ -244,6 +317,7 @@ def test_a_folder_is_uploaded_once_with_empty_and_nested_files(server, tmp_path)
     import pyarrow.fs as pafs
 
     from ray_ormas._internal.tracking.sync import upload_folder
+
     (tmp_path / "ck" / "model" / "shards").mkdir(parents=True)
     (tmp_path / "ck" / "alarms.jsonl").write_text("")
     (tmp_path / "ck" / "model" / "shards" / "0.pt").write_bytes(b"weights")
@@ -262,8 +336,9 @@ def test_a_file_left_in_parts_by_a_crashed_segment_is_uploaded_whole(server, tmp
     (`X.parts/<offset>`); MLflow gets each one whole, as `X`, once, and again when it grew."""
     import pyarrow.fs as pafs
 
-    from ray_ormas._internal.tracking.sync import upload_folder
     from ray_ormas._internal.record.store import part_name
+    from ray_ormas._internal.tracking.sync import upload_folder
+
     if where == "s3":
         fs, segment = pafs.FileSystem.from_uri(f"{request.getfixturevalue('s3').bucket()}/run/segment-000")
     else:
@@ -290,8 +365,8 @@ def test_a_file_left_in_parts_by_a_crashed_segment_is_uploaded_whole(server, tmp
     assert upload_folder(client, run_id, fs, segment, "ormas/model/segment-000") == 0
     write(f"diary.jsonl.parts/{part_name(len(first + second))}", b'{"seq": 3}\n')
     assert upload_folder(client, run_id, fs, segment, "ormas/model/segment-000") == 1
-    assert staging_folders() == before                                  # nothing left behind
-    assert fs.get_file_info(f"{segment}/diary.jsonl").type == pafs.FileType.NotFound   # the store is unchanged
+    assert staging_folders() == before  # nothing left behind
+    assert fs.get_file_info(f"{segment}/diary.jsonl").type == pafs.FileType.NotFound  # the store is unchanged
 
 
 # ---------------------------------------------------------------------------- MLflow equals the record
@@ -304,29 +379,34 @@ def assert_mlflow_equals_the_record(client: MlflowClient, run_id: str, records) 
     metrics = records.metrics().to_pylist()
     assert history(client, run_id, "ormas/loss") == sorted((r["run_step"], r["loss"]) for r in metrics)
     layer = dict(metrics[0]["grad"]) and next(iter(dict(metrics[0]["grad"])))
-    assert history(client, run_id, f"ormas/grad_norm/{layer}") == \
-        sorted((r["run_step"], dict(r["grad"])[layer]) for r in metrics)
+    assert history(client, run_id, f"ormas/grad_norm/{layer}") == sorted(
+        (r["run_step"], dict(r["grad"])[layer]) for r in metrics
+    )
     events = records.events().to_pylist()
     for name in {e["event"] for e in events}:
         marked = [s for s, v in history(client, run_id, f"ormas/events/{name}")]
         assert len(marked) == sum(e["event"] == name for e in events), name
     for name in ("certificate", "manifest", "alarm"):
-        assert sorted(s for s, _ in history(client, run_id, f"ormas/events/{name}")) == \
-            sorted(e["run_step"] for e in events if e["event"] == name), name
+        assert sorted(s for s, _ in history(client, run_id, f"ormas/events/{name}")) == sorted(
+            e["run_step"] for e in events if e["event"] == name
+        ), name
     starts = sorted({(s.step_offset, float(s.attempt)) for s in records.segments()})
     assert history(client, run_id, "ormas/attempt") == starts
 
 
 def restart_after(server: MLflowServer, marker: Path, pause_s: float) -> threading.Thread:
     """Start the server again once it died and the worker kill marker exists (plus a pause)."""
+
     def run() -> None:
         deadline = time.time() + 240
-        while (server.proc is not None and server.proc.poll() is None or not marker.exists()) and \
-                time.time() < deadline:
+        while (
+            server.proc is not None and server.proc.poll() is None or not marker.exists()
+        ) and time.time() < deadline:
             time.sleep(0.2)
         time.sleep(pause_s)
         server.proc = None
         server.start()
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
@@ -338,14 +418,28 @@ def test_a_killed_worker_and_a_tracker_outage_leave_mlflow_equal_to_the_record(r
     marker = tmp_path / "worker-killed"
     try:
         restarter = restart_after(server, marker, pause_s=3)
-        config = {"epochs": 6, "kill_rank": 1, "kill_at": 20, "kill_marker": str(marker), "sleep_per_step": 0.2,
-                  "kill_server_at": 10, "server_pgid": server.proc.pid, "extra_metrics": True}
+        config = {
+            "epochs": 6,
+            "kill_rank": 1,
+            "kill_at": 20,
+            "kill_marker": str(marker),
+            "sleep_per_step": 0.2,
+            "kill_server_at": 10,
+            "server_pgid": server.proc.pid,
+            "extra_metrics": True,
+        }
         result = RayOrmasTrainer(
-            resume_loop, train_loop_config=config, check_every=4, verbose=False, repair=True,
+            resume_loop,
+            train_loop_config=config,
+            check_every=4,
+            verbose=False,
+            repair=True,
             mlflow=MLflowSettings(tracking_uri=server.uri, experiment_name="outage", request_timeout_s=2),
             scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(name="outage", storage_path=str(storage),
-                                 failure_config=FailureConfig(max_failures=1))).fit()
+            run_config=RunConfig(
+                name="outage", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)
+            ),
+        ).fit()
         restarter.join(timeout=120)
         assert server.answers() and marker.exists()
         [run] = runs_of(server.uri, "outage")
@@ -361,8 +455,9 @@ def test_a_killed_worker_and_a_tracker_outage_leave_mlflow_equal_to_the_record(r
         assert all(math.isnan(v) for _, v in history(client, run_id, "ratio"))
         assert len(history(client, run_id, "loss")) == 6 and "note" not in run.data.metrics
         assert run.data.tags["ray_ormas.skipped_metrics"] == "note"
-        checkpoints = json.loads(Path(client.download_artifacts(run_id, "ray_ormas/checkpoints.json",
-                                                               str(tmp_path))).read_text())
+        checkpoints = json.loads(
+            Path(client.download_artifacts(run_id, "ray_ormas/checkpoints.json", str(tmp_path))).read_text()
+        )
         assert [c["step"] for c in checkpoints] == [8, 16, 24, 32, 40, 48]
         assert all(c["record"]["model"]["run_steps"] == c["step"] for c in checkpoints)
         assert history(client, run_id, "ormas/checkpoint") == [(s, 1.0) for s in (8, 16, 24, 32, 40, 48)]
@@ -377,11 +472,14 @@ def sync(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(600)
 def test_an_outage_that_outlasts_the_fit_is_made_good_by_mlflow_sync(ray_cluster, storage, tmp_path, caplog):
-    server = MLflowServer(tmp_path / "late")                       # down for the whole fit
+    server = MLflowServer(tmp_path / "late")  # down for the whole fit
     caplog.set_level(logging.WARNING, logger="ray_ormas")
-    result = fit(storage, "late", MLflowSettings(tracking_uri=server.uri, experiment_name="late",
-                                                 request_timeout_s=1, log_checkpoints="last"),
-                 train_loop_config={"steps": 12, "report_at": [6, 12], "checkpoint": True, "lesion": True})
+    result = fit(
+        storage,
+        "late",
+        MLflowSettings(tracking_uri=server.uri, experiment_name="late", request_timeout_s=1, log_checkpoints="last"),
+        train_loop_config={"steps": 12, "report_at": [6, 12], "checkpoint": True, "lesion": True},
+    )
     assert result.ormas.mlflow_run_id is None and result.ormas.mlflow_complete is False
     said = [r.getMessage() for r in caplog.records if "mlflow-sync" in r.getMessage()]
     assert len(said) == 1 and str(storage / "late" / "ormas") in said[0]
@@ -414,34 +512,51 @@ def test_an_outage_that_outlasts_the_fit_is_made_good_by_mlflow_sync(ray_cluster
 @pytest.mark.timeout(300)
 def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(ray_cluster, server, storage):
     port = int(server.rsplit(":", 1)[1])
-    result = fit(storage, "isolated", MLflowSettings(tracking_uri=server, experiment_name="isolated",
-                                                     log_checkpoints="best", checkpoint_metric="user_step",
-                                                     checkpoint_mode="min"),
-                 train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True,
-                                    "unreachable_port": port})
+    result = fit(
+        storage,
+        "isolated",
+        MLflowSettings(
+            tracking_uri=server,
+            experiment_name="isolated",
+            log_checkpoints="best",
+            checkpoint_metric="user_step",
+            checkpoint_mode="min",
+        ),
+        train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "unreachable_port": port},
+    )
     [run] = runs_of(server, "isolated")
     client = MlflowClient(server)
     assert run.info.status == "FINISHED" and result.ormas.mlflow_complete
     assert_mlflow_equals_the_record(client, run.info.run_id, result.ormas.open_records())
     assert history(client, run.info.run_id, "user_step") == [(4, 4.0), (8, 8.0), (12, 12.0)]
-    [best] = artifacts(client, run.info.run_id, "checkpoints")        # the lowest user_step: the first one
+    [best] = artifacts(client, run.info.run_id, "checkpoints")  # the lowest user_step: the first one
     checkpoints = sorted(p.name for p in (storage / "isolated").glob("checkpoint_*") if p.is_dir())
-    assert best == checkpoints[0] and artifacts(client, run.info.run_id, f"checkpoints/{best}") == {"model.pt", ".metadata.json"}
+    assert best == checkpoints[0] and artifacts(client, run.info.run_id, f"checkpoints/{best}") == {
+        "model.pt",
+        ".metadata.json",
+    }
 
 
 @pytest.mark.timeout(300)
 def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(ray_cluster, server, storage):
     from ray.train import CheckpointConfig
-    result = fit(storage, "every", MLflowSettings(tracking_uri=server, experiment_name="every", log_checkpoints="all"),
-                 train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "sleep_per_step": 0.3},
-                 run_config=RunConfig(name="every", storage_path=str(storage),
-                                      checkpoint_config=CheckpointConfig(num_to_keep=1)))
+
+    result = fit(
+        storage,
+        "every",
+        MLflowSettings(tracking_uri=server, experiment_name="every", log_checkpoints="all"),
+        train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "sleep_per_step": 0.3},
+        run_config=RunConfig(
+            name="every", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
+        ),
+    )
     [run] = runs_of(server, "every")
     client = MlflowClient(server)
     kept = [p.name for p in (storage / "every").glob("checkpoint_*") if p.is_dir()]
-    assert kept == [Path(result.checkpoint.path).name]                  # Ray kept one
+    assert kept == [Path(result.checkpoint.path).name]  # Ray kept one
     uploaded = artifacts(client, run.info.run_id, "checkpoints")
-    assert len(uploaded) == 3 and set(kept) < uploaded                  # MLflow has all three
-    listed = json.loads(Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json",
-                                                       str(storage))).read_text())
+    assert len(uploaded) == 3 and set(kept) < uploaded  # MLflow has all three
+    listed = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json", str(storage))).read_text()
+    )
     assert [c["step"] for c in listed] == [4, 8, 12] and {Path(c["path"]).name for c in listed} == uploaded

@@ -2,6 +2,7 @@
 node from its last checkpoint, and the record in storage is complete and linked. The scenario
 runs its own simulated multi-node cluster in a subprocess (tests/scenarios/node_loss.py), so
 the session's Ray cluster is untouched; the subprocess's process group is killed if it hangs."""
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,20 @@ from ray_ormas import open_records
 
 from .conftest import ROOT, temporary_folders
 
-pytestmark = pytest.mark.system      # its own Ray head or cluster
+pytestmark = pytest.mark.system  # its own Ray head or cluster
 
 
 def scenario(storage, out, mode: str) -> tuple[dict, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.scenarios.node_loss", str(storage), str(out), mode],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.scenarios.node_loss", str(storage), str(out), mode],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log, _ = proc.communicate(timeout=380)
     except subprocess.TimeoutExpired:
@@ -74,7 +81,7 @@ def test_losing_the_workers_node_mid_run_ends_in_a_completed_run_and_complete_re
     metrics = records.metrics()
     by_segment = list(zip(metrics.column("segment").to_pylist(), metrics.column("run_step").to_pylist()))
     lost = [step for segment, step in by_segment if segment == 0]
-    assert set(range(0, resumed_step, 3)) <= set(lost)        # nothing up to the checkpoint is missing
+    assert set(range(0, resumed_step, 3)) <= set(lost)  # nothing up to the checkpoint is missing
     assert [step for segment, step in by_segment if segment == 1] == list(range(resumed_step, 40, 3))
 
 
@@ -86,6 +93,6 @@ def test_without_a_replacement_node_the_wait_is_bounded_by_the_controller_failur
     assert outcome["error"].startswith("ControllerError") and "worker group startup timed out" in outcome["error"]
     assert outcome["seconds_after_loss"] < 120
     records = open_records(storage / "node-loss")
-    first = records.segments()[0]                                   # the lost node's record is in storage
+    first = records.segments()[0]  # the lost node's record is in storage
     last = json.loads(records.events()["line"][-1].as_py())
-    assert first.events > 0 and (not first.complete or "error" in last), last   # cut off, or closed with the error
+    assert first.events > 0 and (not first.complete or "error" in last), last  # cut off, or closed with the error

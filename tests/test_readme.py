@@ -1,4 +1,5 @@
 """The README gives exactly two commands, and CI runs the test one, word for word."""
+
 from __future__ import annotations
 
 import re
@@ -13,5 +14,9 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
     assert len(commands) == 2
     demo, tests = commands
     assert demo.endswith("ray-ormas demo") and tests.endswith("python -m pytest")
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
     assert ci == [tests]

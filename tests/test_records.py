@@ -1,6 +1,7 @@
 """Reading records back (Arrow tables, Parquet, rebuilt reports, `ray-ormas report/export`) from
 records a real ormas-monitor `Monitor` wrote into claimed segments, on a local and a non-local
 pyarrow filesystem. No Ray workers: the Ray-run records are read back in test_fault_tolerance.py."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ from ormas_monitor import Monitor
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 
 from ray_ormas import RecordStorageError, open_records
-from ray_ormas._internal.seams.ormas import flush_metrics
-from ray_ormas.demo import DigitsCNN, load_digits
 from ray_ormas._internal.record.segments import segment_link
 from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.seams.ormas import flush_metrics
+from ray_ormas.demo import DigitsCNN, load_digits
 
 
 def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
@@ -32,7 +33,7 @@ def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
     path, local = store.claim_segment("model", link)
     mon = Monitor(net, opt, out=local, check_every=5, verbose=False)
     for step in range(steps):
-        loss = F.cross_entropy(net(x[step * 16:(step + 1) * 16]), y[step * 16:(step + 1) * 16])
+        loss = F.cross_entropy(net(x[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16])
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
@@ -42,7 +43,7 @@ def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
     else:
         assert flush_metrics(mon)
         with open(local / "metrics.jsonl", "a") as f:
-            f.write('{"step": 999, "lo')            # a row cut short by the crash
+            f.write('{"step": 999, "lo')  # a row cut short by the crash
     store.upload(local, path)
     return path
 
@@ -61,7 +62,7 @@ def two_segments(request, tmp_path):
 
 def test_segments_are_linked_and_tables_span_them(two_segments):
     store, crashed = two_segments
-    records = open_records(store.root.removesuffix("/ormas"), store.filesystem)   # the run folder works too
+    records = open_records(store.root.removesuffix("/ormas"), store.filesystem)  # the run folder works too
     first, second = records.segments()
     assert (first.index, first.complete, second.index, second.complete) == (0, False, 1, True)
     assert first.link["previous"] is None
@@ -71,7 +72,7 @@ def test_segments_are_linked_and_tables_span_them(two_segments):
     assert second.link["step_offset"] == 20 and second.link["resumed_from"]["checkpoint"] == "ckpt-1"
 
     metrics = records.metrics()
-    assert metrics.column("segment").to_pylist() == [0] * 5 + [1] * 3       # checks at 0,5,..,20 then 0,5,10
+    assert metrics.column("segment").to_pylist() == [0] * 5 + [1] * 3  # checks at 0,5,..,20 then 0,5,10
     assert metrics.column("step").to_pylist() == [0, 5, 10, 15, 20, 0, 5, 10]
     assert metrics.column("run_step").to_pylist() == [0, 5, 10, 15, 20, 20, 25, 30]
     assert all(isinstance(v, float) for v in metrics.column("loss").to_pylist())
@@ -91,7 +92,7 @@ def test_parquet_and_rebuilt_reports(two_segments, tmp_path):
     assert pq.read_table(paths["metrics"]).equals(records.metrics())
     assert pq.read_table(paths["events"]).num_rows == records.events().num_rows
     done = records.rebuild_reports(tmp_path / "reports")
-    assert [r.verified for r in done] == [True, True]        # the crashed one fails nothing but its run_end
+    assert [r.verified for r in done] == [True, True]  # the crashed one fails nothing but its run_end
     assert any("no run_end" in p for p in done[0].problems) and done[1].problems == []
     for r in done:
         assert r.reports["report"].is_file() and r.reports["report"].parent == r.local_dir
@@ -101,18 +102,30 @@ def test_report_and_export_commands(tmp_path):
     store = RecordStore.at(tmp_path / "runs" / "r" / "ormas")
     _train(store, 11, close=False, attempt=0)
     _train(store, 6, close=True, attempt=1)
-    run = subprocess.run([sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "runs" / "r"),
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "runs" / "r"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "model/segment-000  attempt 0" in run.stdout and "incomplete (no run_end" in run.stdout
     assert "model/segment-001  attempt 1" in run.stdout and run.stdout.count("verified") == 2
     assert (tmp_path / "out" / "model" / "segment-001" / "report.html").is_file()
-    run = subprocess.run([sys.executable, "-m", "ray_ormas", "export", f"file://{tmp_path}/runs/r",
-                          "--out", str(tmp_path / "pq")], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "ray_ormas", "export", f"file://{tmp_path}/runs/r", "--out", str(tmp_path / "pq")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert pq.read_table(tmp_path / "pq" / "metrics.parquet").num_rows == 3 + 2
-    bad = subprocess.run([sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "nothing")],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no ray-ormas record under" in bad.stderr
 
 

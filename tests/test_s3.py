@@ -3,6 +3,7 @@ the environment as any S3-compatible store is. Checkpoints and the record go to 
 SIGKILLed rank 0 resumes from its S3 checkpoint with every recorded row kept; `ray-ormas report`
 and `export` read the run back from S3; the record survives the server going away and coming
 back; and storage that is down or silent fails on the driver, in bounded time."""
+
 from __future__ import annotations
 
 import shutil
@@ -25,20 +26,27 @@ from .conftest import temporary_folders
 from .loops import digits_loop, resume_loop
 
 RAY_ORMAS = str(Path(sys.executable).with_name("ray-ormas"))
-STEPS_PER_EPOCH = 8                 # 512 samples / 2 ranks / batch 32
+STEPS_PER_EPOCH = 8  # 512 samples / 2 ranks / batch 32
 
 
 def fit(run_config: RunConfig, record_dir: str | None = None, **config) -> object:
-    return RayOrmasTrainer(resume_loop, train_loop_config=config, check_every=3, verbose=False, mlflow=False,
-                           scaling_config=ScalingConfig(num_workers=2), run_config=run_config,
-                           record_dir=record_dir).fit()
+    return RayOrmasTrainer(
+        resume_loop,
+        train_loop_config=config,
+        check_every=3,
+        verbose=False,
+        mlflow=False,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config,
+        record_dir=record_dir,
+    ).fit()
 
 
 def s3_files(uri: str) -> dict[str, int]:
     """Every object under `uri`, by its path below it, with its size."""
     fs, root = pafs.FileSystem.from_uri(uri)
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    return {i.path[len(root) + 1:]: i.size for i in infos if i.type == pafs.FileType.File}
+    return {i.path[len(root) + 1 :]: i.size for i in infos if i.type == pafs.FileType.File}
 
 
 def s3_lines(uri: str) -> list[bytes]:
@@ -51,9 +59,14 @@ def s3_lines(uri: str) -> list[bytes]:
 def test_a_run_on_s3_survives_a_killed_rank_0_and_reads_back(s3, ray_cluster, tmp_path):
     storage = f"{s3.bucket()}/runs"
     before = temporary_folders()
-    kill_at = 2 * STEPS_PER_EPOCH + 4        # rank 0 SIGKILLs itself 4 steps into epoch 2
-    result = fit(RunConfig(name="s3run", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
-                 epochs=3, kill_rank=0, kill_at=kill_at, kill_marker=str(tmp_path / "killed-once"))
+    kill_at = 2 * STEPS_PER_EPOCH + 4  # rank 0 SIGKILLs itself 4 steps into epoch 2
+    result = fit(
+        RunConfig(name="s3run", storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+        epochs=3,
+        kill_rank=0,
+        kill_at=kill_at,
+        kill_marker=str(tmp_path / "killed-once"),
+    )
     run = result.ormas
     assert run.store.shown() == f"{storage}/s3run/ormas" and run.record_dir is None and run.not_uploaded == []
     assert result.checkpoint.path.startswith(storage.removeprefix("s3://") + "/s3run/checkpoint_")
@@ -65,7 +78,7 @@ def test_a_run_on_s3_survives_a_killed_rank_0_and_reads_back(s3, ray_cluster, tm
     first, second = records.segments()
     assert not first.complete and second.complete
     killed = records.metrics().to_pylist()
-    assert records.fleet_checks().num_rows > 0                 # the fleet record, read back from its parts too
+    assert records.fleet_checks().num_rows > 0  # the fleet record, read back from its parts too
     assert [r["run_step"] for r in killed if r["segment"] == 0] == list(range(0, kill_at, 3))
     assert second.link["previous"]["segment"] == "segment-000"
     # Resumed from epoch 1's checkpoint in S3 (or epoch 0's, if the controller had not registered
@@ -74,25 +87,29 @@ def test_a_run_on_s3_survives_a_killed_rank_0_and_reads_back(s3, ray_cluster, tm
     assert second.link["resumed_from"]["checkpoint"].startswith(storage.removeprefix("s3://"))
     assert second.link["resumed_from"]["record"]["segment"] == "segment-000"
     pointer = Checkpoint(result.checkpoint.path, result.checkpoint.filesystem).get_metadata()["ormas"]["model"]
-    assert pointer["path"] == run.records["model"] and pointer["steps"] == 3 * STEPS_PER_EPOCH - second.link[
-        "step_offset"]
+    assert (
+        pointer["path"] == run.records["model"] and pointer["steps"] == 3 * STEPS_PER_EPOCH - second.link["step_offset"]
+    )
     # Nothing left on the node: no checkpoint copies, no staging folders.
     assert {n: s for n, s in temporary_folders().items() if n not in before} == {}
 
     # Read back from S3 as a user would, with the commands.
     reports = tmp_path / "reports"
-    done = subprocess.run([RAY_ORMAS, "report", f"{storage}/s3run", "--out", str(reports)], capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(
+        [RAY_ORMAS, "report", f"{storage}/s3run", "--out", str(reports)], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     copied = sorted(p for p in (reports / "model").iterdir())
     assert [p.name for p in copied] == ["segment-000", "segment-001"]
     assert verify_run(copied[1]).ok and (copied[1] / "report.html").is_file()
     assert {c.name: c.status for c in verify_run(copied[0]).checks}["chain"] == "pass"
     export = tmp_path / "export"
-    done = subprocess.run([RAY_ORMAS, "export", f"{storage}/s3run", "--out", str(export)], capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(
+        [RAY_ORMAS, "export", f"{storage}/s3run", "--out", str(export)], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     import pyarrow.parquet as pq
+
     assert pq.read_table(export / "metrics.parquet").num_rows == len(killed)
 
 
@@ -109,24 +126,29 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
     def outage() -> None:
         try:
             deadline = time.monotonic() + 300
-            while not any(k.startswith("model/segment-000/diary.jsonl") for k in s3_files(records_uri)) and \
-                    time.monotonic() < deadline:
-                time.sleep(0.2)             # the first checkpoint's upload reached S3 (the diary's first part)
+            while (
+                not any(k.startswith("model/segment-000/diary.jsonl") for k in s3_files(records_uri))
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)  # the first checkpoint's upload reached S3 (the diary's first part)
             s3.stop()
             timeline.append("down")
-            while len([p for p in (local / "outage").glob("checkpoint_*") if p.is_dir()]) < 2 and \
-                    time.monotonic() < deadline:
-                time.sleep(0.2)             # the second checkpoint was reported while S3 was down
+            while (
+                len([p for p in (local / "outage").glob("checkpoint_*") if p.is_dir()]) < 2
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)  # the second checkpoint was reported while S3 was down
             s3.start()
             timeline.append("up")
-        except Exception as e:              # shown by the assertion on the timeline
+        except Exception as e:  # shown by the assertion on the timeline
             timeline.append(f"{type(e).__name__}: {e}")
 
     thread = threading.Thread(target=outage, daemon=True)
     thread.start()
     try:
-        result = fit(RunConfig(name="outage", storage_path=str(local)), record_dir=records_uri, epochs=4,
-                     sleep_per_step=0.3)
+        result = fit(
+            RunConfig(name="outage", storage_path=str(local)), record_dir=records_uri, epochs=4, sleep_per_step=0.3
+        )
     finally:
         thread.join(timeout=60)
         if not s3.running:
@@ -137,7 +159,7 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
     (segment,) = records.segments()
     assert segment.complete
     rows = records.metrics().to_pylist()
-    assert [r["step"] for r in rows] == list(range(0, 4 * STEPS_PER_EPOCH, 3))       # every row
+    assert [r["step"] for r in rows] == list(range(0, 4 * STEPS_PER_EPOCH, 3))  # every row
     events = records.events().to_pylist()
     errors = [e for e in events if e["event"] == "sink_error"]
     # One failed upload or two (the outage can begin while the first checkpoint's upload is
@@ -146,6 +168,7 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
     # Every checkpoint's pointer is a prefix of the record in S3, the one taken during the outage too.
     diary = s3_lines(diary_uri)
     import json
+
     hashes = [json.loads(x)["hash"] for x in diary]
     for path in sorted(p for p in (local / "outage").glob("checkpoint_*") if p.is_dir()):
         pointer = Checkpoint(str(path)).get_metadata()["ormas"]["model"]
@@ -153,8 +176,9 @@ def test_the_record_survives_an_s3_outage_between_its_uploads(s3, ray_cluster, t
 
 
 @pytest.mark.timeout(420)
-def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_says_where(s3, ray_cluster,
-                                                                                          tmp_path, caplog):
+def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_says_where(
+    s3, ray_cluster, tmp_path, caplog
+):
     storage = f"{s3.bucket()}/runs"
     marker = tmp_path / "last-report-done"
     before = temporary_folders()
@@ -163,7 +187,7 @@ def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_s
         deadline = time.monotonic() + 300
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        s3.stop()                       # after the last checkpoint is in S3, before the record's final upload
+        s3.stop()  # after the last checkpoint is in S3, before the record's final upload
 
     thread = threading.Thread(target=outage, daemon=True)
     thread.start()
@@ -180,9 +204,9 @@ def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_s
     (message,) = [r.getMessage() for r in caplog.records if "its local copy is" in r.getMessage()]
     segment = open_records(f"{storage}/late").segments()[0]
     assert f"could not be brought up to date in s3://{segment.path}" in message
-    assert not segment.complete                                 # in S3: as of the last checkpoint
+    assert not segment.complete  # in S3: as of the last checkpoint
     folder = Path(message.split("its local copy is ")[1].split(" on node ")[0])
-    assert folder.is_dir() and verify_run(folder).ok           # the whole record, closed, on the node
+    assert folder.is_dir() and verify_run(folder).ok  # the whole record, closed, on the node
     # What the message says to do, once storage is back: copy its files there.
     records = open_records(f"{storage}/late")
     records.store.upload(folder, segment.path)
@@ -211,8 +235,12 @@ def closed_port() -> int:
 
 
 def trainer_on(storage: str) -> RayOrmasTrainer:
-    return RayOrmasTrainer(digits_loop, run_config=RunConfig(name="nowhere", storage_path=storage), mlflow=False,
-                           scaling_config=ScalingConfig(num_workers=2))
+    return RayOrmasTrainer(
+        digits_loop,
+        run_config=RunConfig(name="nowhere", storage_path=storage),
+        mlflow=False,
+        scaling_config=ScalingConfig(num_workers=2),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -232,8 +260,11 @@ def test_storage_that_is_down_silent_or_missing_fails_on_the_driver_in_bounded_t
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
         monkeypatch.setenv("RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S", "3")
         started = time.monotonic()
-        with pytest.raises(RecordStorageError, match=r"did not answer within 3 s \(is the endpoint "
-                                                     rf"http://127.0.0.1:{port} right"):
+        with pytest.raises(
+            RecordStorageError,
+            match=r"did not answer within 3 s \(is the endpoint "
+            rf"http://127.0.0.1:{port} right",
+        ):
             trainer_on("s3://nobucket/runs")
         assert time.monotonic() - started < 8
     finally:
@@ -246,25 +277,26 @@ def test_storage_that_is_down_silent_or_missing_fails_on_the_driver_in_bounded_t
     with pytest.raises(RecordStorageError, match="Bucket 'nobucket' not found") as e:
         trainer_on("s3://nobucket/runs")
     assert "No AWS credentials were found" in str(e.value)
-    assert ray.is_initialized() == was_running          # all of it before any worker, or Ray, started
+    assert ray.is_initialized() == was_running  # all of it before any worker, or Ray, started
 
 
 def test_storage_is_brought_up_to_date_with_what_is_new(s3, tmp_path):
     from ray_ormas._internal.record.store import RecordStore
     from ray_ormas._internal.record.uploads import IncrementalUpload
+
     store = RecordStore.at(f"{s3.bucket()}/runs/r/ormas")
     local = tmp_path / "segment"
     local.mkdir()
     (local / "segment.json").write_text('{"segment": 0}\n')
     diary = local / "diary.jsonl"
-    diary.write_bytes(b'{"seq": 1}\n{"seq": 2}\n{"seq": 3, "half')        # a line still being written
+    diary.write_bytes(b'{"seq": 1}\n{"seq": 2}\n{"seq": 3, "half')  # a line still being written
     remote = f"{store.root}/model/segment-000"
     upload = IncrementalUpload(store, local, remote)
     assert upload.push() == len(b'{"seq": 1}\n{"seq": 2}\n') + len(b'{"segment": 0}\n')
     assert store.read_bytes(f"{remote}/diary.jsonl") == b'{"seq": 1}\n{"seq": 2}\n'
     with open(diary, "ab") as f:
         f.write(b'": 1}\n{"seq": 4}\n')
-    assert upload.push() == len(b'{"seq": 3, "half": 1}\n{"seq": 4}\n')          # only what is new
+    assert upload.push() == len(b'{"seq": 3, "half": 1}\n{"seq": 4}\n')  # only what is new
     assert upload.push() == 0
     whole = diary.read_bytes()
     assert store.read_bytes(f"{remote}/diary.jsonl") == whole

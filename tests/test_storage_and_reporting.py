@@ -1,4 +1,5 @@
 """Record placement (segments never overwrite), storage checks and what a report carries, without Ray workers."""
+
 from __future__ import annotations
 
 import copy
@@ -11,11 +12,11 @@ from pyarrow.fs import FSSpecHandler, LocalFileSystem, PyFileSystem, SubTreeFile
 from ray.train import RunConfig
 
 from ray_ormas import RayOrmasTrainer
-from ray_ormas.demo import DigitsCNN
-from ray_ormas._internal.worker.reporting import EVENT_LIMIT, RecordBuffer, rank0_metrics
 from ray_ormas._internal.fleet.digest import parameter_digest
 from ray_ormas._internal.record.segments import diary_tail
 from ray_ormas._internal.record.store import RecordStorageError, RecordStore
+from ray_ormas._internal.worker.reporting import EVENT_LIMIT, RecordBuffer, rank0_metrics
+from ray_ormas.demo import DigitsCNN
 
 
 def test_local_segments_are_claimed_in_order_and_never_reused(tmp_path):
@@ -30,10 +31,14 @@ def test_local_segments_are_claimed_in_order_and_never_reused(tmp_path):
     assert store.segments("absent") == []
 
 
-@pytest.mark.parametrize("make_fs", [
-    lambda root: SubTreeFileSystem(str(root), LocalFileSystem()),
-    lambda root: SubTreeFileSystem(str(root), PyFileSystem(FSSpecHandler(fsspec.filesystem("file")))),
-], ids=["subtree", "fsspec"])
+@pytest.mark.parametrize(
+    "make_fs",
+    [
+        lambda root: SubTreeFileSystem(str(root), LocalFileSystem()),
+        lambda root: SubTreeFileSystem(str(root), PyFileSystem(FSSpecHandler(fsspec.filesystem("file")))),
+    ],
+    ids=["subtree", "fsspec"],
+)
 def test_remote_store_stages_locally_and_uploads(tmp_path, make_fs):
     remote = tmp_path / "bucket"
     remote.mkdir()
@@ -42,7 +47,7 @@ def test_remote_store_stages_locally_and_uploads(tmp_path, make_fs):
     store.check_writable()
     path, local = store.claim_segment("model", {"attempt": 0})
     assert path == "runs/r1/ormas/model/segment-000" and not str(local).startswith(str(remote))
-    assert json.loads((remote / path / "segment.json").read_text())["segment"] == 0   # the claim itself
+    assert json.loads((remote / path / "segment.json").read_text())["segment"] == 0  # the claim itself
     (local / "diary.jsonl").write_text("line\n")
     store.upload(local, path)
     assert (remote / path / "diary.jsonl").read_text() == "line\n"
@@ -68,7 +73,7 @@ def test_record_store_follows_the_run_storage(tmp_path):
 def test_unwritable_storage_fails_on_the_driver_naming_path_and_reason(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    with pytest.raises(RecordStorageError) as e:          # a folder that cannot be made: the write probe says why
+    with pytest.raises(RecordStorageError) as e:  # a folder that cannot be made: the write probe says why
         RayOrmasTrainer(lambda: None, run_config=RunConfig(name="r1", storage_path="/proc/ray-ormas-runs"))
     assert "cannot write the ormas record to /proc/ray-ormas-runs/r1/ormas" in str(e.value)
     assert "storage_path" in str(e.value)
@@ -99,7 +104,7 @@ def test_parameter_digest_sees_a_single_bit():
         w[3, 1, 0, 0] = torch.nextafter(w[3, 1, 0, 0], torch.tensor(1.0))
     assert parameter_digest(a) != parameter_digest(b)
     c = copy.deepcopy(a)
-    with torch.no_grad():                     # a permutation keeps the plain sum: the weighted one sees it
+    with torch.no_grad():  # a permutation keeps the plain sum: the weighted one sees it
         c.conv1[0].weight.data = c.conv1[0].weight.data.flip(0)
     assert parameter_digest(a) != parameter_digest(c)
 
@@ -108,8 +113,18 @@ def test_record_buffer_keeps_latest_row_and_bounded_events():
     buf = RecordBuffer()
     buf("event", {"event": "run_start", "seq": 0})
     buf("metrics", {"step": 0, "loss": 2.0, "grad": {}, "stuck": {"conv2": [32, 0, 0, 0], "conv3": [0, 0, 0, 0]}})
-    buf("event", {"event": "certificate", "seq": 1, "step": 0, "layer": "conv2", "severity": "proof", "count": 32,
-                  "statement": "long text not carried"})
+    buf(
+        "event",
+        {
+            "event": "certificate",
+            "seq": 1,
+            "step": 0,
+            "layer": "conv2",
+            "severity": "proof",
+            "count": 32,
+            "statement": "long text not carried",
+        },
+    )
     for i in range(EVENT_LIMIT + 5):
         buf("event", {"event": "alarm", "seq": 2 + i, "step": i})
     m = rank0_metrics("ormas/", buf, {"alarms": 3, "repairs": 0})
@@ -117,7 +132,13 @@ def test_record_buffer_keeps_latest_row_and_bounded_events():
     assert m["ormas/stuck_channels"] == 32 and m["ormas/stuck_layers"] == 1
     assert m["ormas/certificates"] == 1 and m["ormas/alarms"] == 3
     assert len(m["ormas/events"]) == EVENT_LIMIT and m["ormas/events_dropped"] == 6
-    assert m["ormas/events"][0] == {"seq": 1, "event": "certificate", "step": 0, "layer": "conv2",
-                                    "severity": "proof", "count": 32}
+    assert m["ormas/events"][0] == {
+        "seq": 1,
+        "event": "certificate",
+        "step": 0,
+        "layer": "conv2",
+        "severity": "proof",
+        "count": 32,
+    }
     again = rank0_metrics("ormas/", buf, {})
     assert again["ormas/events"] == [] and again["ormas/events_dropped"] == 0

@@ -1,6 +1,7 @@
 """Every way people train under Ray, with the monitor: FSDP2, gradient accumulation, mixed
 precision, a GAN with two monitors, batch semantics, the epoch helper, SyncBatchNorm. Ray tests
 run on the session's real local cluster (gloo, CPU); the rest need no workers."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,12 @@ def rows(path: Path) -> list[dict]:
 def fit(storage: Path, name: str, loop, workers: int = 2, **kwargs):
     kwargs.setdefault("verbose", False)
     kwargs.setdefault("mlflow", False)
-    return RayOrmasTrainer(loop, scaling_config=ScalingConfig(num_workers=workers),
-                           run_config=RunConfig(name=name, storage_path=str(storage)), **kwargs).fit()
+    return RayOrmasTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name=name, storage_path=str(storage)),
+        **kwargs,
+    ).fit()
 
 
 # ---------------------------------------------------------------- Ray: strategies end to end
@@ -44,9 +49,14 @@ def fit(storage: Path, name: str, loop, workers: int = 2, **kwargs):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fsdp_kwargs", [None, {"shard_modules": "encoder.layers.?"}], ids=["children", "layers"])
 def test_fsdp2_on_cpu_records_true_global_gradient_norms(storage, fsdp_kwargs):
-    result = fit(storage, "fsdp", loops.fsdp_transformer_loop, strategy="fsdp",
-                 monitor_config=MonitorConfig(check_every=1, warmup=3),
-                 train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "fsdp_kwargs": fsdp_kwargs})
+    result = fit(
+        storage,
+        "fsdp",
+        loops.fsdp_transformer_loop,
+        strategy="fsdp",
+        monitor_config=MonitorConfig(check_every=1, warmup=3),
+        train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "fsdp_kwargs": fsdp_kwargs},
+    )
     out = result.return_value
     assert out["dtensor_params"] and out["monitor_class"] == "ShardedGradientMonitor"
     record = result.ormas.record_dir
@@ -56,12 +66,12 @@ def test_fsdp2_on_cpu_records_true_global_gradient_norms(storage, fsdp_kwargs):
     assert GLOBAL_NORMS_NOTE in manifest["notes"]
     assert [r["step"] for r in rows(record)] == list(range(12))
     probe = next(r for r in rows(record) if r["step"] == 6)
-    assert probe["stuck"] == {}                                   # no channel scans under FSDP
+    assert probe["stuck"] == {}  # no channel scans under FSDP
     assert set(probe["grad"]) == set(out["reference"]) and len(probe["grad"]) >= 10
-    for layer, norm in probe["grad"].items():                     # the full gradients' norms, not a shard's
+    for layer, norm in probe["grad"].items():  # the full gradients' norms, not a shard's
         assert math.isclose(norm, out["reference"][layer], rel_tol=1e-5), layer
     digests = result.ormas.digests()[-1]
-    assert len(set(digests)) == 2                                 # each rank digests its own shards
+    assert len(set(digests)) == 2  # each rank digests its own shards
     alarms = [e for e in diary(record) if e["event"] == "alarm"]
     assert alarms and {e["diagnosis"] for e in alarms} == {"exploding"} and min(e["step"] for e in alarms) >= 9
 
@@ -69,8 +79,13 @@ def test_fsdp2_on_cpu_records_true_global_gradient_norms(storage, fsdp_kwargs):
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(240)
 def test_ddp_gradient_alarms_fire_when_gradients_explode(storage):
-    result = fit(storage, "explode", loops.digits_loop, monitor_config=MonitorConfig(check_every=1, warmup=3),
-                 train_loop_config={"steps": 14, "explode_at": 10})
+    result = fit(
+        storage,
+        "explode",
+        loops.digits_loop,
+        monitor_config=MonitorConfig(check_every=1, warmup=3),
+        train_loop_config={"steps": 14, "explode_at": 10},
+    )
     alarms = [e for e in diary(result.ormas.record_dir) if e["event"] == "alarm"]
     assert alarms and {e["diagnosis"] for e in alarms} == {"exploding"} and min(e["step"] for e in alarms) >= 10
     assert result.ormas.final["ormas/alarms"] == len(alarms)
@@ -79,12 +94,17 @@ def test_ddp_gradient_alarms_fire_when_gradients_explode(storage):
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(240)
 def test_gradient_accumulation_is_one_monitor_step_per_optimizer_step(storage, tmp_path):
-    result = fit(storage, "accum", loops.accumulation_loop, check_every=2,
-                 batch=BatchSize(64, per="global", accumulation=4),
-                 train_loop_config={"accumulation": 4, "micro_batches": 24, "out_dir": str(tmp_path)})
+    result = fit(
+        storage,
+        "accum",
+        loops.accumulation_loop,
+        check_every=2,
+        batch=BatchSize(64, per="global", accumulation=4),
+        train_loop_config={"accumulation": 4, "micro_batches": 24, "out_dir": str(tmp_path)},
+    )
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for s in seen:
-        assert s["per_rank_batch"] == 8                          # 64 / (2 ranks x 4 micro-batches)
+        assert s["per_rank_batch"] == 8  # 64 / (2 ranks x 4 micro-batches)
         assert s["optimizer_steps"] == s["monitor_steps"] == 6
     # The micro-steps skipped the all-reduce (ranks differ), the last one did not (ranks agree).
     assert seen[0]["grad_after_micro"] != seen[1]["grad_after_micro"]
@@ -107,7 +127,7 @@ def test_mixed_precision_skipped_steps_are_not_alarms(storage):
     result = fit(storage, "amp", loops.amp_loop, check_every=1, train_loop_config={"steps": 12, "overflow_at": 7})
     assert result.return_value["dtypes"] == ["torch.bfloat16"]
     scales = result.return_value["scales"]
-    assert scales[7] == scales[6] / 2                             # the scaler skipped step 7
+    assert scales[7] == scales[6] / 2  # the scaler skipped step 7
     events = diary(result.ormas.record_dir)
     skipped = [e for e in events if e["event"] == "skipped_step"]
     assert [e["step"] for e in skipped] == [7]
@@ -132,7 +152,7 @@ def test_a_gan_gets_one_monitor_and_one_record_per_model(storage):
         manifest = next(e for e in diary(record) if e["event"] == "manifest")
         assert manifest["distributed"]["mode"] == "ddp"
     final = run.final
-    assert final["ormas/checks"] == 4 and final["ormas/discriminator/checks"] == 4   # the first monitor's: ormas/
+    assert final["ormas/checks"] == 4 and final["ormas/discriminator/checks"] == 4  # the first monitor's: ormas/
     assert json.loads((Path(run.records["generator"]) / "segment.json").read_text())["monitor"] == "generator"
 
 
@@ -142,21 +162,29 @@ def test_epoch_helper_reshuffles_every_epoch_and_the_global_batch_is_split(stora
     result = fit(storage, "epochs", loops.epochs_loop, batch=BatchSize(48, per="global"))
     out = result.return_value
     assert out["batch_size"] == 24 and all(len(b) == 24 for b in out["first_batches"])
-    assert len({tuple(b) for b in out["first_batches"]}) == 3      # set_epoch: a new order each epoch
+    assert len({tuple(b) for b in out["first_batches"]}) == 3  # set_epoch: a new order each epoch
     assert result.ormas.final["ormas/effective_batch"] == 48
 
 
 # ---------------------------------------------------------------- no workers needed
 def test_a_global_batch_that_does_not_split_is_refused_on_the_driver():
-    with pytest.raises(ValueError, match=r"a global batch of 100 does not split evenly over 3 workers x 2 "
-                                         r"accumulation steps \(6 micro-batches per optimizer step\): use a "
-                                         r"multiple of 6, e.g. 96 or 102"):
-        RayOrmasTrainer(lambda: None, batch=BatchSize(100, per="global", accumulation=2),
-                        scaling_config=ScalingConfig(num_workers=3))
+    with pytest.raises(
+        ValueError,
+        match=r"a global batch of 100 does not split evenly over 3 workers x 2 "
+        r"accumulation steps \(6 micro-batches per optimizer step\): use a "
+        r"multiple of 6, e.g. 96 or 102",
+    ):
+        RayOrmasTrainer(
+            lambda: None,
+            batch=BatchSize(100, per="global", accumulation=2),
+            scaling_config=ScalingConfig(num_workers=3),
+        )
     assert BatchSize(32).effective(4) == 128 and BatchSize(32, accumulation=2).per_rank(4) == 32
-    for bad, words in [({"size": 0}, "size\n  Input should be greater than or equal to 1"),
-                       ({"size": 8, "per": "node"}, "'rank' or 'global'"),
-                       ({"size": 8, "accumulation": 0}, "accumulation\n  Input should be greater than or equal to 1")]:
+    for bad, words in [
+        ({"size": 0}, "size\n  Input should be greater than or equal to 1"),
+        ({"size": 8, "per": "node"}, "'rank' or 'global'"),
+        ({"size": 8, "accumulation": 0}, "accumulation\n  Input should be greater than or equal to 1"),
+    ]:
         with pytest.raises(ValueError, match=words):
             BatchSize(**bad)
     with pytest.raises(TypeError, match="batch must be a ray_ormas.BatchSize"):
@@ -167,8 +195,12 @@ def test_sync_batchnorm_needs_ddp_on_gpus_and_is_refused_on_the_driver_otherwise
     with pytest.raises(ValueError, match="sync_batchnorm=True needs GPU workers"):
         RayOrmasTrainer(lambda: None, sync_batchnorm=True)
     with pytest.raises(ValueError, match="sync_batchnorm=True applies to strategy='ddp'"):
-        RayOrmasTrainer(lambda: None, sync_batchnorm=True, strategy="fsdp",
-                        scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
+        RayOrmasTrainer(
+            lambda: None,
+            sync_batchnorm=True,
+            strategy="fsdp",
+            scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
+        )
 
 
 def test_the_monitor_pairs_and_certifies_syncbatchnorm_like_batchnorm(tmp_path):
@@ -183,7 +215,7 @@ def test_the_monitor_pairs_and_certifies_syncbatchnorm_like_batchnorm(tmp_path):
     mon = Monitor(net, opt, out=tmp_path / "sbn", verbose=False, config=MonitorConfig(check_every=1, patience=3))
     x, y, _, _ = load_digits(0)
     for step in range(12):
-        loss = F.cross_entropy(net(x[step * 32:(step + 1) * 32]), y[step * 32:(step + 1) * 32])
+        loss = F.cross_entropy(net(x[step * 32 : (step + 1) * 32]), y[step * 32 : (step + 1) * 32])
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
@@ -200,7 +232,7 @@ def test_epochs_calls_set_epoch(caplog):
     for epoch in ray_ormas.epochs(torch.utils.data.DataLoader(sampler.dataset, sampler=sampler), 3, start=1):
         seen.append((epoch, sampler.epoch))
     assert seen == [(1, 1), (2, 2)]
-    assert list(ray_ormas.epochs([1, 2], 2)) == [0, 1]       # one process, no sampler: nothing to set or say
+    assert list(ray_ormas.epochs([1, 2], 2)) == [0, 1]  # one process, no sampler: nothing to set or say
     assert not [r for r in caplog.records if r.name.startswith("ray_ormas")]
     with pytest.raises(ValueError, match="count must be an int >= 0"):
         list(ray_ormas.epochs(sampler, -1))
@@ -211,6 +243,7 @@ def _epochs_on_rank(rank: int, init_file: str, said) -> None:
     import logging
 
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -225,13 +258,16 @@ def _epochs_on_rank(rank: int, init_file: str, said) -> None:
 @pytest.mark.timeout(120)
 def test_epochs_says_once_per_rank_when_several_ranks_share_a_sampler_without_set_epoch(tmp_path):
     import torch.multiprocessing as mp
+
     said = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_epochs_on_rank, args=(str(tmp_path / "init"), said), nprocs=2)
     for _ in range(2):
         [(name, level, message)] = said.get()
         assert name == "ray_ormas.strategies" and level == "WARNING"
-        assert message.startswith("[ray-ormas] epochs(): RandomSampler has no set_epoch(); if it shuffles, every "
-                                  "epoch sees the same order. Use a DistributedSampler")
+        assert message.startswith(
+            "[ray-ormas] epochs(): RandomSampler has no set_epoch(); if it shuffles, every "
+            "epoch sees the same order. Use a DistributedSampler"
+        )
 
 
 @pytest.mark.usefixtures("ray_cluster")

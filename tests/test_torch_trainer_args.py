@@ -1,6 +1,7 @@
 """Every `TorchTrainer` argument reaches Ray Train through `RayOrmasTrainer`; Ray Train's local
 mode (`num_workers=0`) runs the loop in this process with the monitor; elastic ranges are
 refused on the driver with the reason. On the test session's real Ray cluster."""
+
 from __future__ import annotations
 
 import inspect
@@ -33,11 +34,15 @@ def test_the_trainer_takes_every_torch_trainer_argument():
 @pytest.mark.timeout(300)
 def test_the_dataset_config_and_the_validation_config_reach_the_workers(storage):
     result = RayOrmasTrainer(
-        loops.passthrough_loop, verbose=False, mlflow=False, scaling_config=ScalingConfig(num_workers=2),
+        loops.passthrough_loop,
+        verbose=False,
+        mlflow=False,
+        scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="passthrough", storage_path=str(storage)),
         datasets={"train": ray.data.from_items([{"x": i} for i in range(8)])},
-        dataset_config=DataConfig(datasets_to_split=[]),          # every worker sees all 8 rows
-        validation_config=ValidationConfig(fn=loops.validate_checkpoint)).fit()
+        dataset_config=DataConfig(datasets_to_split=[]),  # every worker sees all 8 rows
+        validation_config=ValidationConfig(fn=loops.validate_checkpoint),
+    ).fit()
     assert result.return_value == {"rows": 8}
     [(checkpoint, metrics)] = result.best_checkpoints
     assert metrics["validated_params"] == 10.0 and "ormas" in checkpoint.get_metadata()
@@ -47,13 +52,18 @@ def test_the_dataset_config_and_the_validation_config_reach_the_workers(storage)
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_local_mode_runs_the_loop_in_this_process_with_the_monitor(storage):
-    result = RayOrmasTrainer(loops.local_mode_loop, train_loop_config={"steps": 30}, check_every=5, verbose=False,
-                             scaling_config=ScalingConfig(num_workers=0),
-                             run_config=RunConfig(name="local", storage_path=str(storage))).fit()
+    result = RayOrmasTrainer(
+        loops.local_mode_loop,
+        train_loop_config={"steps": 30},
+        check_every=5,
+        verbose=False,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="local", storage_path=str(storage)),
+    ).fit()
     assert result.return_value == {"pid": os.getpid(), "world_size": 1}
     run = result.ormas
     assert verify_run(run.record_dir).ok and run.final["ormas/run_step"] == 30
-    assert run.final["ormas/stuck_channels"] > 0                       # the lesion is seen in this process
+    assert run.final["ormas/stuck_channels"] > 0  # the lesion is seen in this process
     assert [r[0]["ormas/kind"] for r in run.reports] == ["user", "final"]
     client = MlflowClient(tracking_uri=run.tracking_uri)
     assert run.mlflow_complete and client.get_run(run.mlflow_run_id).info.status == "FINISHED"
@@ -65,9 +75,14 @@ def test_local_mode_runs_the_loop_in_this_process_with_the_monitor(storage):
 @pytest.mark.timeout(300)
 def test_local_mode_raises_the_loops_own_error_and_keeps_the_record(storage):
     with pytest.raises(ValueError, match="the loop failed on purpose at step 12"):
-        RayOrmasTrainer(loops.local_mode_loop, train_loop_config={"steps": 30, "raise_at": 12}, check_every=5,
-                        verbose=False, scaling_config=ScalingConfig(num_workers=0),
-                        run_config=RunConfig(name="local-fails", storage_path=str(storage))).fit()
+        RayOrmasTrainer(
+            loops.local_mode_loop,
+            train_loop_config={"steps": 30, "raise_at": 12},
+            check_every=5,
+            verbose=False,
+            scaling_config=ScalingConfig(num_workers=0),
+            run_config=RunConfig(name="local-fails", storage_path=str(storage)),
+        ).fit()
     [segment] = (storage / "local-fails" / "ormas" / "model").glob("segment-*")
     assert verify_run(segment).ok
     client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'local-fails' / 'mlflow' / 'mlflow.db'}")
@@ -106,6 +121,9 @@ def test_local_mode_with_fsdp_is_refused_on_the_driver():
 
 
 def test_elastic_ranges_are_refused_on_the_driver_saying_why():
-    with pytest.raises(ValueError, match=r"num_workers=\(1, 4\)\) asks for elastic training.*one world size per fit"
-                                         r".*Give a fixed num_workers"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_workers=\(1, 4\)\) asks for elastic training.*one world size per fit"
+        r".*Give a fixed num_workers",
+    ):
         RayOrmasTrainer(loops.local_mode_loop, scaling_config=ScalingConfig(num_workers=(1, 4)))

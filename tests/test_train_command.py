@@ -1,5 +1,6 @@
 """`ray-ormas train CONFIG.yaml`: config errors before Ray starts (exit 2), the examples run as
 written (exit 0) on the session's Ray cluster, a failing loop exits 1."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,38 +53,56 @@ train: {epochs: 1, batch: {size: 32}}
 """
 
 
-@pytest.mark.parametrize("body, overrides, words", [
-    (MINIMAL.replace("epochs: 1", "epocs: 1"), [], ["train.epocs: unknown key", "train.epochs: Field required"]),
-    (MINIMAL, ["train.batch.size=0"], ["train.batch.size: Input should be greater than or equal to 1"]),
-    (MINIMAL, ["model.target=examples.nothere:cnn"], ["model.target: cannot import module 'examples.nothere'"]),
-    (MINIMAL, ["model.target=examples.digits:nothere"], ["model.target: module 'examples.digits' has no attribute"]),
-    (MINIMAL, ["optimizer.name=Adamm"], ["optimizer.name: torch.optim has no optimizer 'Adamm'"]),
-    (MINIMAL, ["monitor.thresholds={patience: 0}"], ["monitor.thresholds", "patience"]),
-    (MINIMAL, ["strategy=deepspeed"], ["strategy: Input should be 'ddp' or 'fsdp'"]),
-    (MINIMAL, ["train.loss=cross_entropi"], ["train.loss: torch.nn.functional has no 'cross_entropi'"]),
-    (MINIMAL.replace('model: {target: "examples.digits:cnn"}\n', ""), [], ["give `model` and `data`"]),
-    (MINIMAL, ["name=bad name"], ["name: String should match pattern"]),
-    (MINIMAL, ["train.batch={size: 30, per: global}", "scaling.workers=4"],
-     ["a global batch of 30 does not split evenly over 4 workers", "scaling.workers in a YAML config"]),
-    (MINIMAL, ["strategy=fsdp", "monitor.repair=true"], ["repair is not possible with strategy='fsdp'"]),
-    (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
-    (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
-    (MINIMAL, ["train.epochs"], ["--set expects key.path=value"]),
-    (MINIMAL, ["storage.path=foo://bucket/runs"], ["storage.path: 'foo://bucket/runs' has the scheme 'foo'"]),
-    (MINIMAL, ["storage.path=/no/such/parent/runs"],
-     ["storage.path: '/no/such/parent/runs': its parent folder /no/such/parent does not exist"]),
-    (MINIMAL, ["storage.record_dir=/no/such/parent/records"], ["storage.record_dir: '/no/such/parent/records'"]),
-    (MINIMAL, ["scaling.resources_per_worker={GPU: 1}"], ["scaling: `use_gpu` is False but `GPU` was found"]),
-    (MINIMAL, ["mlflow.log_checkpoints=bestest"], ["mlflow.log_checkpoints: Input should be 'none', 'last', 'best'"]),
-    (MINIMAL, ["mlflow.log_checkpoints=best"], ["mlflow: log_checkpoints='best' needs checkpoint_metric"]),
-    (MINIMAL, ["mlflow.experiment=e"], ["mlflow.experiment: unknown key"]),
-    (MINIMAL, ["fleet.nccl_hang_detector=on"], ["fleet.nccl_hang_detector: `on` is not a mode"]),
-    (MINIMAL, ["mlflow.max_pending=5"], ["mlflow.max_pending: Input should be greater than or equal to 1000"]),
-    ("- a list\n", [], ["must hold a mapping of sections"]),
-    ("name: [unclosed\n", [], ["is not valid YAML"]),
-])
+@pytest.mark.parametrize(
+    "body, overrides, words",
+    [
+        (MINIMAL.replace("epochs: 1", "epocs: 1"), [], ["train.epocs: unknown key", "train.epochs: Field required"]),
+        (MINIMAL, ["train.batch.size=0"], ["train.batch.size: Input should be greater than or equal to 1"]),
+        (MINIMAL, ["model.target=examples.nothere:cnn"], ["model.target: cannot import module 'examples.nothere'"]),
+        (
+            MINIMAL,
+            ["model.target=examples.digits:nothere"],
+            ["model.target: module 'examples.digits' has no attribute"],
+        ),
+        (MINIMAL, ["optimizer.name=Adamm"], ["optimizer.name: torch.optim has no optimizer 'Adamm'"]),
+        (MINIMAL, ["monitor.thresholds={patience: 0}"], ["monitor.thresholds", "patience"]),
+        (MINIMAL, ["strategy=deepspeed"], ["strategy: Input should be 'ddp' or 'fsdp'"]),
+        (MINIMAL, ["train.loss=cross_entropi"], ["train.loss: torch.nn.functional has no 'cross_entropi'"]),
+        (MINIMAL.replace('model: {target: "examples.digits:cnn"}\n', ""), [], ["give `model` and `data`"]),
+        (MINIMAL, ["name=bad name"], ["name: String should match pattern"]),
+        (
+            MINIMAL,
+            ["train.batch={size: 30, per: global}", "scaling.workers=4"],
+            ["a global batch of 30 does not split evenly over 4 workers", "scaling.workers in a YAML config"],
+        ),
+        (MINIMAL, ["strategy=fsdp", "monitor.repair=true"], ["repair is not possible with strategy='fsdp'"]),
+        (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
+        (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
+        (MINIMAL, ["train.epochs"], ["--set expects key.path=value"]),
+        (MINIMAL, ["storage.path=foo://bucket/runs"], ["storage.path: 'foo://bucket/runs' has the scheme 'foo'"]),
+        (
+            MINIMAL,
+            ["storage.path=/no/such/parent/runs"],
+            ["storage.path: '/no/such/parent/runs': its parent folder /no/such/parent does not exist"],
+        ),
+        (MINIMAL, ["storage.record_dir=/no/such/parent/records"], ["storage.record_dir: '/no/such/parent/records'"]),
+        (MINIMAL, ["scaling.resources_per_worker={GPU: 1}"], ["scaling: `use_gpu` is False but `GPU` was found"]),
+        (
+            MINIMAL,
+            ["mlflow.log_checkpoints=bestest"],
+            ["mlflow.log_checkpoints: Input should be 'none', 'last', 'best'"],
+        ),
+        (MINIMAL, ["mlflow.log_checkpoints=best"], ["mlflow: log_checkpoints='best' needs checkpoint_metric"]),
+        (MINIMAL, ["mlflow.experiment=e"], ["mlflow.experiment: unknown key"]),
+        (MINIMAL, ["fleet.nccl_hang_detector=on"], ["fleet.nccl_hang_detector: `on` is not a mode"]),
+        (MINIMAL, ["mlflow.max_pending=5"], ["mlflow.max_pending: Input should be greater than or equal to 1000"]),
+        ("- a list\n", [], ["must hold a mapping of sections"]),
+        ("name: [unclosed\n", [], ["is not valid YAML"]),
+    ],
+)
 def test_config_errors_exit_2_naming_the_key_before_ray_starts(console, tmp_path, body, overrides, words):
     import ray
+
     was_running = ray.is_initialized()
     code, out, err = run(console, str(write(tmp_path, body)), *[a for o in overrides for a in ("--set", o)])
     assert code == 2, (out, err)
@@ -94,18 +113,41 @@ def test_config_errors_exit_2_naming_the_key_before_ray_starts(console, tmp_path
 
 # Every field of every settings class, set to a value other than its default: (YAML value, Python value).
 NOT_DEFAULT = {
-    MonitorSettings: {"repair": ("all", "all"), "check_every": (7, 7), "thresholds": ({"patience": 2}, {"patience": 2}),
-                      "layers": (["conv*", "fc"], ("conv*", "fc")), "verbose": (False, False),
-                      "progress": (False, False), "report_every": (3, 3), "sync_timeout_s": (60.5, 60.5),
-                      "auto_monitor": (False, False)},
-    MLflowSettings: {"enabled": (True, True), "tracking_uri": ("sqlite:///m.db", "sqlite:///m.db"),
-                     "experiment_name": ("e", "e"), "run_name": ("r", "r"), "tags": ({"a": "b"}, {"a": "b"}),
-                     "run_id": (None, None), "request_timeout_s": (2.5, 2.5), "log_checkpoints": ("best", "best"),
-                     "checkpoint_metric": ("val_loss", "val_loss"), "checkpoint_mode": ("max", "max"),
-                     "max_pending": (5000, 5000)},
-    FleetSettings: {"enabled": (True, True), "slow_score": (0.7, 0.7), "slow_checks": (5, 5), "min_excess": (0.2, 0.2),
-                    "divergence": (False, False), "ray_metrics": (False, False), "mlflow_ranks": (8, 8),
-                    "nccl_hang_detector": ("observe", "observe"), "nccl_hang_confirm_s": (120, 120.0)},
+    MonitorSettings: {
+        "repair": ("all", "all"),
+        "check_every": (7, 7),
+        "thresholds": ({"patience": 2}, {"patience": 2}),
+        "layers": (["conv*", "fc"], ("conv*", "fc")),
+        "verbose": (False, False),
+        "progress": (False, False),
+        "report_every": (3, 3),
+        "sync_timeout_s": (60.5, 60.5),
+        "auto_monitor": (False, False),
+    },
+    MLflowSettings: {
+        "enabled": (True, True),
+        "tracking_uri": ("sqlite:///m.db", "sqlite:///m.db"),
+        "experiment_name": ("e", "e"),
+        "run_name": ("r", "r"),
+        "tags": ({"a": "b"}, {"a": "b"}),
+        "run_id": (None, None),
+        "request_timeout_s": (2.5, 2.5),
+        "log_checkpoints": ("best", "best"),
+        "checkpoint_metric": ("val_loss", "val_loss"),
+        "checkpoint_mode": ("max", "max"),
+        "max_pending": (5000, 5000),
+    },
+    FleetSettings: {
+        "enabled": (True, True),
+        "slow_score": (0.7, 0.7),
+        "slow_checks": (5, 5),
+        "min_excess": (0.2, 0.2),
+        "divergence": (False, False),
+        "ray_metrics": (False, False),
+        "mlflow_ranks": (8, 8),
+        "nccl_hang_detector": ("observe", "observe"),
+        "nccl_hang_confirm_s": (120, 120.0),
+    },
     BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},
 }
 SECTION = {MonitorSettings: "monitor", MLflowSettings: "mlflow", FleetSettings: "fleet", BatchSize: "train.batch"}
@@ -117,31 +159,56 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
     from ray.train import ScalingConfig
 
     from ray_ormas import RayOrmasTrainer
-    from ray_ormas._internal.common.job_config import JobConfig
     from ray_ormas._internal.cli.train import build_trainer
+    from ray_ormas._internal.common.job_config import JobConfig
+
     for cls, values in NOT_DEFAULT.items():
         names = [f.name for f in dataclasses.fields(cls)]
         assert sorted(values) == sorted(names), f"{cls.__name__}: a field is missing here"
         if cls is not BatchSize:
             assert JobConfig.model_fields[SECTION[cls]].annotation is cls
-            assert getattr(JobConfig.from_dict({"name": "n", "loop": {"target": "tests.loops:digits_loop"},
-                                                "train": {"epochs": 1, "batch": {"size": 1}}}), SECTION[cls]) == cls()
+            assert (
+                getattr(
+                    JobConfig.from_dict(
+                        {
+                            "name": "n",
+                            "loop": {"target": "tests.loops:digits_loop"},
+                            "train": {"epochs": 1, "batch": {"size": 1}},
+                        }
+                    ),
+                    SECTION[cls],
+                )
+                == cls()
+            )
         for name, (_, python) in values.items():
             if name not in ("enabled", "run_id"):
                 assert python != getattr(cls(**({"size": 1} if cls is BatchSize else {})), name), (cls, name)
-    overrides = [f"{SECTION[cls]}.{name}={json.dumps(yaml_value)}" for cls, values in NOT_DEFAULT.items()
-                 for name, (yaml_value, _) in values.items()]
+    overrides = [
+        f"{SECTION[cls]}.{name}={json.dumps(yaml_value)}"
+        for cls, values in NOT_DEFAULT.items()
+        for name, (yaml_value, _) in values.items()
+    ]
     body = MINIMAL + f"storage: {{path: {tmp_path}}}\nscaling: {{workers: 2, use_gpu: true}}\n"
-    job = load_config(write(tmp_path, body), overrides)       # GPU workers: the hang detector needs them
+    job = load_config(write(tmp_path, body), overrides)  # GPU workers: the hang detector needs them
     from_yaml = build_trainer(job)
     python = {cls: cls(**{name: value for name, (_, value) in values.items()}) for cls, values in NOT_DEFAULT.items()}
     m = python[MonitorSettings]
     from_python = RayOrmasTrainer(
-        lambda: None, repair=m.repair, check_every=m.check_every, monitor_config=m.config, layers=list(m.layers),
-        verbose=m.verbose, progress=m.progress, report_every=m.report_every, sync_timeout_s=m.sync_timeout_s,
-        auto_monitor=m.auto_monitor, mlflow=python[MLflowSettings], fleet=python[FleetSettings],
+        lambda: None,
+        repair=m.repair,
+        check_every=m.check_every,
+        monitor_config=m.config,
+        layers=list(m.layers),
+        verbose=m.verbose,
+        progress=m.progress,
+        report_every=m.report_every,
+        sync_timeout_s=m.sync_timeout_s,
+        auto_monitor=m.auto_monitor,
+        mlflow=python[MLflowSettings],
+        fleet=python[FleetSettings],
         batch=python[BatchSize],
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=True),
+    )
     assert from_yaml.settings == from_python.settings == m
     assert from_yaml.mlflow == from_python.mlflow == python[MLflowSettings]
     assert from_yaml.batch == from_python.batch
@@ -150,8 +217,10 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
 
 def test_the_settings_defaults_are_the_yaml_defaults():
     from ray_ormas._internal.common.job_config import JobConfig
-    job = JobConfig.from_dict({"name": "n", "loop": {"target": "tests.loops:digits_loop"},
-                               "train": {"epochs": 1, "batch": {"size": 4}}})
+
+    job = JobConfig.from_dict(
+        {"name": "n", "loop": {"target": "tests.loops:digits_loop"}, "train": {"epochs": 1, "batch": {"size": 4}}}
+    )
     assert (job.monitor, job.mlflow, job.fleet) == (MonitorSettings(), MLflowSettings(), FleetSettings())
     assert job.monitor.verbose is True and job.monitor.progress is True
 
@@ -165,8 +234,15 @@ def test_missing_config_file_and_bad_usage(console, tmp_path):
 
 
 def test_dry_run_prints_the_resolved_config(console, tmp_path):
-    code, out, _ = run(console, str(EXAMPLES / "digits_watch.yaml"), "--dry-run", "--set", "monitor.repair=true",
-                       "--set", f"storage.path={tmp_path}")
+    code, out, _ = run(
+        console,
+        str(EXAMPLES / "digits_watch.yaml"),
+        "--dry-run",
+        "--set",
+        "monitor.repair=true",
+        "--set",
+        f"storage.path={tmp_path}",
+    )
     assert code == 0 and "config is valid" in out
     assert "repair: true" in out and f"path: {tmp_path}" in out and "check_every: 10" in out
     assert not list(tmp_path.iterdir())
@@ -182,8 +258,9 @@ def test_every_example_config_is_valid():
 
 
 def test_docs_cli_md_holds_the_generated_config_reference():
-    assert schema_reference() in (ROOT / "docs" / "cli.md").read_text(), \
+    assert schema_reference() in (ROOT / "docs" / "cli.md").read_text(), (
         "docs/cli.md is out of date: paste ray_ormas.job_config.schema_reference() into it"
+    )
 
 
 # ---------------------------------------------------------------- the examples, for real
@@ -229,9 +306,17 @@ def test_transformer_fsdp_and_gan_examples(console, tmp_path):
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_a_failing_loop_exits_1_and_says_why(console, tmp_path):
-    code, _, err = run(console, str(EXAMPLES / "digits_watch.yaml"), "--set", f"storage.path={tmp_path}",
-                       "--set", "mlflow.enabled=false", "--set", "train.loss=tests.loops:failing_loss")
+    code, _, err = run(
+        console,
+        str(EXAMPLES / "digits_watch.yaml"),
+        "--set",
+        f"storage.path={tmp_path}",
+        "--set",
+        "mlflow.enabled=false",
+        "--set",
+        "train.loss=tests.loops:failing_loss",
+    )
     assert code == 1 and "training failed" in err and "loss function failed on purpose" in err
     (last,) = [line for line in err.splitlines() if line.startswith("ray-ormas train: training failed after")]
-    assert "on rank" in last, last                   # the root cause per rank, in one paragraph: no stack
+    assert "on rank" in last, last  # the root cause per rank, in one paragraph: no stack
     assert "loss function failed on purpose" in last and "Traceback" not in last

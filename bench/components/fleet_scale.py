@@ -9,6 +9,7 @@ per check (pickled facts), the fleet record's bytes per check, and the head's me
 check, in total and per rank. Ray's metrics export is left out (it needs a Ray cluster; the
 real runs in bench/overhead.py --paired include it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,21 @@ from ray_ormas._internal.record.store import RecordStore
 def rank_facts(rank: int, check: int, rng: random.Random, slow: bool) -> dict:
     digest = f"{check:016x}"
     data = 0.030 if slow else 0.001 + rng.random() * 0.0005
-    return {"rank": rank, "node": f"10.0.{rank // 8 // 256}.{rank // 8 % 256}", "check": check, "step": check * 50,
-            "data_s": data, "forward_s": 0.020 + rng.random() * 0.002, "wall_s": 0.1, "forwards": 1,
-            "loss": 2.0 + rng.random(), "nonfinite_loss": False, "nonfinite_layers": [], "digest": digest,
-            "groups": [digest[:8]] * 64}
+    return {
+        "rank": rank,
+        "node": f"10.0.{rank // 8 // 256}.{rank // 8 % 256}",
+        "check": check,
+        "step": check * 50,
+        "data_s": data,
+        "forward_s": 0.020 + rng.random() * 0.002,
+        "wall_s": 0.1,
+        "forwards": 1,
+        "loss": 2.0 + rng.random(),
+        "nonfinite_loss": False,
+        "nonfinite_layers": [],
+        "digest": digest,
+        "groups": [digest[:8]] * 64,
+    }
 
 
 def simulate(world: int, checks: int) -> dict[str, float]:
@@ -39,8 +51,9 @@ def simulate(world: int, checks: int) -> dict[str, float]:
         head = FleetHead(FleetSpec(FleetSettings(ray_metrics=False), store, "sim", "sim", world, "ddp"))
         per_check, sent = [], []
         for check in range(checks):
-            facts = [rank_facts(r, check, rng, slow=(r == world - 1 and world > 1 and check >= 5))
-                     for r in range(world)]
+            facts = [
+                rank_facts(r, check, rng, slow=(r == world - 1 and world > 1 and check >= 5)) for r in range(world)
+            ]
             sent.append(sum(len(pickle.dumps(f)) for f in facts))
             started = time.perf_counter()
             for f in facts:
@@ -49,9 +62,14 @@ def simulate(world: int, checks: int) -> dict[str, float]:
         written = head._record.bytes_written
         summary = head.finish()
     ms = statistics.median(per_check) * 1000
-    return {"world": world, "sent_kb": statistics.median(sent) / 1024, "record_kb": written / checks / 1024,
-            "head_ms": ms, "head_us_per_rank": ms * 1000 / world,
-            "alarms": len([a for a in summary.alarms if a["kind"] == "straggler"])}
+    return {
+        "world": world,
+        "sent_kb": statistics.median(sent) / 1024,
+        "record_kb": written / checks / 1024,
+        "head_ms": ms,
+        "head_us_per_rank": ms * 1000 / world,
+        "alarms": len([a for a in summary.alarms if a["kind"] == "straggler"]),
+    }
 
 
 def main() -> None:
@@ -59,12 +77,17 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 8, 64, 256, 1000])
     p.add_argument("--checks", type=int, default=50)
     args = p.parse_args()
-    print(f"{'ranks':>6} {'sent KB/check':>13} {'record KB/check':>15} {'head ms/check':>13} "
-          f"{'head us/rank':>12} {'straggler alarms':>16}")
+    print(
+        f"{'ranks':>6} {'sent KB/check':>13} {'record KB/check':>15} {'head ms/check':>13} "
+        f"{'head us/rank':>12} {'straggler alarms':>16}"
+    )
     for world in args.ranks:
         r = simulate(world, args.checks)
-        print(f"{r['world']:>6} {r['sent_kb']:>13.1f} {r['record_kb']:>15.1f} {r['head_ms']:>13.3f} "
-              f"{r['head_us_per_rank']:>12.1f} {r['alarms']:>16}", flush=True)
+        print(
+            f"{r['world']:>6} {r['sent_kb']:>13.1f} {r['record_kb']:>15.1f} {r['head_ms']:>13.3f} "
+            f"{r['head_us_per_rank']:>12.1f} {r['alarms']:>16}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

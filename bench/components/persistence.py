@@ -18,6 +18,7 @@ ways, the old (copy the whole segment, `RecordStore.upload`) and the new (send w
 `IncrementalUpload.push`, uploads.py). Prints the bytes each sends per checkpoint as the record
 grows, and the totals.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,9 @@ from ormas_monitor import Monitor
 from pyarrow.fs import FSSpecHandler, LocalFileSystem, PyFileSystem, SubTreeFileSystem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from ray_ormas._internal.record.store import RecordStore  # noqa: E402
 from ray_ormas._internal.seams.ormas import flush_metrics  # noqa: E402
 from ray_ormas.demo import DigitsCNN, load_digits  # noqa: E402
-from ray_ormas._internal.record.store import RecordStore  # noqa: E402
 
 
 def record(store: RecordStore, steps: int, check_every: int) -> tuple[str, Path]:
@@ -49,12 +50,12 @@ def record(store: RecordStore, steps: int, check_every: int) -> tuple[str, Path]
     mon = Monitor(net, opt, out=local, check_every=check_every, verbose=False)
     for step in range(steps):
         i = (step * 32) % (len(x) - 32)
-        loss = F.cross_entropy(net(x[i:i + 32]), y[i:i + 32])
+        loss = F.cross_entropy(net(x[i : i + 32]), y[i : i + 32])
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
         opt.step()
-    flush_metrics(mon)      # mid-run, as at a checkpoint: no run_end, no reports yet
+    flush_metrics(mon)  # mid-run, as at a checkpoint: no run_end, no reports yet
     return path, local
 
 
@@ -63,10 +64,13 @@ def long_run(steps: int, checkpoint_every: int) -> None:
 
     from ray_ormas._internal.record.uploads import IncrementalUpload
     from tests.s3_server import S3Server, free_port, s3_environment
+
     every = 10
     template_root = Path(tempfile.mkdtemp(prefix="ray-ormas-bench-"))
     _, template = record(RecordStore(SubTreeFileSystem(str(template_root), LocalFileSystem()), "t/ormas"), 1000, every)
-    lines = {name: (template / name).read_bytes().splitlines(keepends=True) for name in ("diary.jsonl", "metrics.jsonl")}
+    lines = {
+        name: (template / name).read_bytes().splitlines(keepends=True) for name in ("diary.jsonl", "metrics.jsonl")
+    }
     server = S3Server(free_port())
     os.environ.update(s3_environment(server.port))
     server.start()
@@ -76,10 +80,14 @@ def long_run(steps: int, checkpoint_every: int) -> None:
         local = Path(tempfile.mkdtemp(prefix="ray-ormas-bench-"))
         (local / "segment.json").write_text('{"segment": 0}\n')
         incremental = IncrementalUpload(new, local, f"{new.root}/model/segment-000")
-        print(f"a {steps}-step run at check_every={every}, a checkpoint every {checkpoint_every} steps, "
-              f"on moto's S3 API ({server.endpoint})")
-        print(f"{'checkpoint':>10} {'step':>7} {'record KiB':>10} {'whole copy KiB':>14} {'new lines KiB':>13} "
-              f"{'whole ms':>8} {'new ms':>7}")
+        print(
+            f"a {steps}-step run at check_every={every}, a checkpoint every {checkpoint_every} steps, "
+            f"on moto's S3 API ({server.endpoint})"
+        )
+        print(
+            f"{'checkpoint':>10} {'step':>7} {'record KiB':>10} {'whole copy KiB':>14} {'new lines KiB':>13} "
+            f"{'whole ms':>8} {'new ms':>7}"
+        )
         totals = [0, 0, 0.0, 0.0]
         checkpoints = steps // checkpoint_every
         per_checkpoint = {name: len(ls) * checkpoint_every // 1000 for name, ls in lines.items()}
@@ -97,10 +105,14 @@ def long_run(steps: int, checkpoint_every: int) -> None:
             new_ms = (time.perf_counter() - t) * 1000
             totals = [totals[0] + size, totals[1] + sent, totals[2] + whole_ms, totals[3] + new_ms]
             if k in (1, 2) or k % max(1, checkpoints // 10) == 0:
-                print(f"{k:>10} {k * checkpoint_every:>7} {size / 1024:>10.1f} {size / 1024:>14.1f} "
-                      f"{sent / 1024:>13.1f} {whole_ms:>8.1f} {new_ms:>7.1f}")
-        print(f"{'total':>10} {'':>7} {'':>10} {totals[0] / 1024:>14.1f} {totals[1] / 1024:>13.1f} "
-              f"{totals[2]:>8.0f} {totals[3]:>7.0f}")
+                print(
+                    f"{k:>10} {k * checkpoint_every:>7} {size / 1024:>10.1f} {size / 1024:>14.1f} "
+                    f"{sent / 1024:>13.1f} {whole_ms:>8.1f} {new_ms:>7.1f}"
+                )
+        print(
+            f"{'total':>10} {'':>7} {'':>10} {totals[0] / 1024:>14.1f} {totals[1] / 1024:>13.1f} "
+            f"{totals[2]:>8.0f} {totals[3]:>7.0f}"
+        )
         assert new.read_bytes(f"{new.root}/model/segment-000/metrics.jsonl") == (local / "metrics.jsonl").read_bytes()
     finally:
         server.shutdown()
@@ -118,11 +130,15 @@ def main() -> None:
         long_run(a.long, a.checkpoint_every)
         return
     root = Path(tempfile.mkdtemp(prefix="ray-ormas-bench-"))
-    filesystems = {"SubTreeFileSystem": lambda d: SubTreeFileSystem(str(d), LocalFileSystem()),
-                   "fsspec (file)": lambda d: SubTreeFileSystem(str(d), PyFileSystem(FSSpecHandler(fsspec.filesystem("file"))))}
+    filesystems = {
+        "SubTreeFileSystem": lambda d: SubTreeFileSystem(str(d), LocalFileSystem()),
+        "fsspec (file)": lambda d: SubTreeFileSystem(str(d), PyFileSystem(FSSpecHandler(fsspec.filesystem("file")))),
+    }
     print(f"{a.steps} steps of the digits CNN; {a.uploads} uploads each; {torch.__version__}")
-    print(f"{'check_every':>11} {'diary KiB':>9} {'metrics KiB':>11} {'KiB/1000 steps':>14}  "
-          f"{'filesystem':<18} {'median ms':>9} {'max ms':>7}")
+    print(
+        f"{'check_every':>11} {'diary KiB':>9} {'metrics KiB':>11} {'KiB/1000 steps':>14}  "
+        f"{'filesystem':<18} {'median ms':>9} {'max ms':>7}"
+    )
     for every in a.check_every:
         for fs_name, make in filesystems.items():
             bucket = root / f"{every}-{len(fs_name)}"
@@ -137,8 +153,10 @@ def main() -> None:
             diary_kib = (local / "diary.jsonl").stat().st_size / 1024
             metrics_kib = (local / "metrics.jsonl").stat().st_size / 1024
             per_1000 = (diary_kib + metrics_kib) * 1000 / a.steps
-            print(f"{every:>11} {diary_kib:>9.1f} {metrics_kib:>11.1f} {per_1000:>14.1f}  {fs_name:<18} "
-                  f"{statistics.median(times):>9.2f} {max(times):>7.2f}")
+            print(
+                f"{every:>11} {diary_kib:>9.1f} {metrics_kib:>11.1f} {per_1000:>14.1f}  {fs_name:<18} "
+                f"{statistics.median(times):>9.2f} {max(times):>7.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Prints one line per check and exits 1 if any fails, 2 without CUDA. With one GPU
 SyncBatchNorm run has nothing to synchronise (world size 1) and says so. Not part of the CPU
 test suite; run it when a GPU machine is available and put the output in the issue note.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,25 +30,31 @@ def ddp_syncbn_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     import ray_ormas
     from ray_ormas.demo import DigitsCNN, lesion, load_digits
+
     device = ray.train.torch.get_device()
     ctx = ray.train.get_context()
     torch.manual_seed(0)
     x, y, _, _ = load_digits(0)
-    x, y = x[ctx.get_world_rank()::ctx.get_world_size()].to(device), y[ctx.get_world_rank()::ctx.get_world_size()].to(device)
+    x, y = (
+        x[ctx.get_world_rank() :: ctx.get_world_size()].to(device),
+        y[ctx.get_world_rank() :: ctx.get_world_size()].to(device),
+    )
     net = DigitsCNN()
     lesion(net)
     model = ray_ormas.prepare_model(net)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
     mon = ray_ormas.monitor(model, opt)
-    for step in range(config["steps"]):
+    for _ in range(config["steps"]):
         idx = torch.randint(0, len(x), (64,), device=device)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         mon.step(loss)
         opt.step()
-    return {"bn_types": sorted({type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__}),
-            "pairs": mon.monitor.pairs}
+    return {
+        "bn_types": sorted({type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__}),
+        "pairs": mon.monitor.pairs,
+    }
 
 
 def fsdp_bf16_loop(config: dict[str, Any]) -> dict[str, Any]:
@@ -56,10 +63,16 @@ def fsdp_bf16_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     import ray_ormas
     from examples.transformer import TinyTransformer
+
     device = ray.train.torch.get_device()
     torch.manual_seed(0)
-    model = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs={
-        "shard_modules": "encoder.layers.?", "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)})
+    model = ray_ormas.prepare_model(
+        TinyTransformer(),
+        parallel_strategy_kwargs={
+            "shard_modules": "encoder.layers.?",
+            "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+        },
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mon = ray_ormas.monitor(model, opt)
     for _ in range(config["steps"]):
@@ -77,15 +90,16 @@ def amp_loop(config: dict[str, Any]) -> dict[str, Any]:
 
     import ray_ormas
     from ray_ormas.demo import DigitsCNN, load_digits
+
     device = ray.train.torch.get_device()
     torch.manual_seed(0)
     x, y, _, _ = load_digits(0)
     x, y = x.to(device), y.to(device)
     model = ray_ormas.prepare_model(DigitsCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)       # overflows at first: skipped steps
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # overflows at first: skipped steps
     mon = ray_ormas.monitor(model, opt, scaler=scaler)
-    for step in range(config["steps"]):
+    for _ in range(config["steps"]):
         idx = torch.randint(0, len(x), (64,), device=device)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = F.cross_entropy(model(x[idx]), y[idx])
@@ -97,34 +111,48 @@ def amp_loop(config: dict[str, Any]) -> dict[str, Any]:
     return {"scale": scaler.get_scale()}
 
 
-def run(name: str, loop: Callable, storage: str, gpus: int, check: Callable[[Any, list[dict]], str | None],
-        **kwargs: Any) -> bool:
+def run(
+    name: str, loop: Callable, storage: str, gpus: int, check: Callable[[Any, list[dict]], str | None], **kwargs: Any
+) -> bool:
     from ray.train import RunConfig, ScalingConfig
 
     from ray_ormas import RayOrmasTrainer
+
     started = time.monotonic()
     try:
-        result = RayOrmasTrainer(loop, scaling_config=ScalingConfig(num_workers=gpus, use_gpu=True), mlflow=False,
-                                 verbose=False, run_config=RunConfig(name=name, storage_path=storage), **kwargs).fit()
+        result = RayOrmasTrainer(
+            loop,
+            scaling_config=ScalingConfig(num_workers=gpus, use_gpu=True),
+            mlflow=False,
+            verbose=False,
+            run_config=RunConfig(name=name, storage_path=storage),
+            **kwargs,
+        ).fit()
         record = result.ormas.record_dir
         events = [json.loads(line) for line in (record / "diary.jsonl").read_text().splitlines()]
         problem = check(result, events)
-    except Exception as e:          # a failed check is reported, the others still run
+    except Exception as e:  # a failed check is reported, the others still run
         problem = f"{type(e).__name__}: {e}"
-    print(f"{'FAIL' if problem else 'ok  '}  {name:<12} {time.monotonic() - started:6.1f} s  {problem or ''}", flush=True)
+    print(
+        f"{'FAIL' if problem else 'ok  '}  {name:<12} {time.monotonic() - started:6.1f} s  {problem or ''}", flush=True
+    )
     return problem is None
 
 
 def main() -> int:
     import argparse
-    argparse.ArgumentParser(description="DDP + SyncBatchNorm + repair, FSDP2 bf16 and fp16 + GradScaler on every "
-                                        "GPU of this machine (NCCL); exit 0 all passed, 1 a check failed, "
-                                        "2 no CUDA device").parse_args()
+
+    argparse.ArgumentParser(
+        description="DDP + SyncBatchNorm + repair, FSDP2 bf16 and fp16 + GradScaler on every "
+        "GPU of this machine (NCCL); exit 0 all passed, 1 a check failed, "
+        "2 no CUDA device"
+    ).parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU machine", file=sys.stderr)
         return 2
     import ray
     from ormas_monitor.record import verify_run
+
     gpus = torch.cuda.device_count()
     root = str(Path(__file__).resolve().parents[2])
     ray.init(runtime_env={"env_vars": {"PYTHONPATH": root}})
@@ -161,11 +189,30 @@ def main() -> int:
             return "a scaler overflow was reported as an alarm"
         return None
 
-    ok = [run("ddp-syncbn", ddp_syncbn_loop, storage, gpus, syncbn, repair=True, sync_batchnorm=True,
-              check_every=10, train_loop_config={"steps": 200}),
-          run("fsdp2-bf16", fsdp_bf16_loop, storage, gpus, fsdp, strategy="fsdp", check_every=5,
-              train_loop_config={"steps": 40}),
-          run("amp-fp16", amp_loop, storage, gpus, amp, check_every=1, train_loop_config={"steps": 40})]
+    ok = [
+        run(
+            "ddp-syncbn",
+            ddp_syncbn_loop,
+            storage,
+            gpus,
+            syncbn,
+            repair=True,
+            sync_batchnorm=True,
+            check_every=10,
+            train_loop_config={"steps": 200},
+        ),
+        run(
+            "fsdp2-bf16",
+            fsdp_bf16_loop,
+            storage,
+            gpus,
+            fsdp,
+            strategy="fsdp",
+            check_every=5,
+            train_loop_config={"steps": 40},
+        ),
+        run("amp-fp16", amp_loop, storage, gpus, amp, check_every=1, train_loop_config={"steps": 40}),
+    ]
     ray.shutdown()
     return 0 if all(ok) else 1
 

@@ -14,6 +14,7 @@ instead of waiting for a node forever (Ray's default limit is unlimited).
 STORAGE is a local folder or an `s3://` URI (the S3 API server of tests/s3_server.py, found
 through the environment this process inherits).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,20 +47,31 @@ def main(storage: str, out: str, mode: str = "replace") -> None:
         first = cluster.add_node(**WORKER_NODE)
         ray.init(address=cluster.address, log_to_driver=False)
         trainer = RayOrmasTrainer(
-            resume_loop, train_loop_config={"epochs": 5, "sleep_per_step": 0.25}, check_every=3, verbose=False,
-            mlflow=False, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "train_slot": 1}),
-            run_config=RunConfig(name="node-loss", storage_path=storage,
-                                 failure_config=FailureConfig(max_failures=1,
-                                                              controller_failure_limit=-1 if replace else 1)))
+            resume_loop,
+            train_loop_config={"epochs": 5, "sleep_per_step": 0.25},
+            check_every=3,
+            verbose=False,
+            mlflow=False,
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "train_slot": 1}),
+            run_config=RunConfig(
+                name="node-loss",
+                storage_path=storage,
+                failure_config=FailureConfig(max_failures=1, controller_failure_limit=-1 if replace else 1),
+            ),
+        )
         outcome: dict[str, Any] = {}
 
         def run() -> None:
             try:
                 result = trainer.fit()
-                outcome.update(return_value=result.return_value, final=result.ormas.final,
-                               worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
-                               digests=result.ormas.digests()[-1], not_uploaded=result.ormas.not_uploaded)
-            except BaseException as e:          # reported to the test, which fails on it
+                outcome.update(
+                    return_value=result.return_value,
+                    final=result.ormas.final,
+                    worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
+                    digests=result.ormas.digests()[-1],
+                    not_uploaded=result.ormas.not_uploaded,
+                )
+            except BaseException as e:  # reported to the test, which fails on it
                 outcome["error"] = f"{type(e).__name__}: {e}"
 
         thread = threading.Thread(target=run, daemon=True)
@@ -70,11 +82,15 @@ def main(storage: str, out: str, mode: str = "replace") -> None:
 
         def checkpoints() -> list[str]:
             infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
-            return [i.path for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")]
+            return [
+                i.path for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")
+            ]
 
-        def registered() -> bool:       # Ray's controller writes its checkpoint index once it took one
-            return fs.get_file_info(posixpath.join(run_dir, "checkpoint_manager_snapshot.json")).type == \
-                pafs.FileType.File
+        def registered() -> bool:  # Ray's controller writes its checkpoint index once it took one
+            return (
+                fs.get_file_info(posixpath.join(run_dir, "checkpoint_manager_snapshot.json")).type == pafs.FileType.File
+            )
+
         while not registered() and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.2)
         outcome["checkpoints_before_loss"] = len(checkpoints())

@@ -11,6 +11,7 @@ Hooks relied on: `ray.train.WorkerGroupError.worker_failures`,
 `ray.train.ControllerError.controller_failure`, `ray.exceptions.RayTaskError.cause`, and the
 text of `ActorDiedError` (its last `Type: message` line is the constructor's error).
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,9 @@ def describe_failure(error: BaseException) -> str:
         by_text.setdefault(one_line(cause), []).append(rank)
     parts = []
     for text, ranks in by_text.items():
-        where = "" if ranks == [None] else f"on rank{'s' if len(ranks) > 1 else ''} " \
-                                          f"{', '.join(str(r) for r in ranks)}: "
+        where = (
+            "" if ranks == [None] else f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}: "
+        )
         parts.append(where + text)
     return "; ".join(parts)
 
@@ -72,4 +74,4 @@ def _innermost(error: BaseException) -> BaseException:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."

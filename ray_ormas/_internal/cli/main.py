@@ -12,10 +12,11 @@
 (`s3://...`, `gs://...`). Exit codes: 0 success, 1 training failed or a record failed
 verification, 2 usage, config or storage error.
 """
+
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,19 +26,29 @@ logger = logging.getLogger("ray_ormas.cli")
 
 def _parser() -> argparse.ArgumentParser:
     from ray_ormas import __version__
+
     p = argparse.ArgumentParser(prog="ray-ormas", description="Ray Train with ormas-monitor on every rank.")
     p.add_argument("--version", action="version", version=f"ray-ormas {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train as CONFIG.yaml says (locally, or under ray job submit on a cluster)",
-                       description="Train with Ray Train and an ormas monitor on every rank, as CONFIG.yaml says. "
-                                   "Sections: name, model, data (or loop), optimizer, train, strategy, "
-                                   "sync_batchnorm, parallel_kwargs, scaling, monitor, mlflow, storage, failure; "
-                                   "every key is in docs/cli.md. Exit 0: trained; 1: training failed; 2: the "
-                                   "config or a value is wrong (nothing was started).")
+    t = sub.add_parser(
+        "train",
+        help="train as CONFIG.yaml says (locally, or under ray job submit on a cluster)",
+        description="Train with Ray Train and an ormas monitor on every rank, as CONFIG.yaml says. "
+        "Sections: name, model, data (or loop), optimizer, train, strategy, "
+        "sync_batchnorm, parallel_kwargs, scaling, monitor, mlflow, storage, failure; "
+        "every key is in docs/cli.md. Exit 0: trained; 1: training failed; 2: the "
+        "config or a value is wrong (nothing was started).",
+    )
     t.add_argument("config", help="the YAML config file")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key, e.g. --set train.epochs=3 --set monitor.repair=true (repeatable; the "
-                        "value is read as YAML)")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set train.epochs=3 --set monitor.repair=true (repeatable; the "
+        "value is read as YAML)",
+    )
     t.add_argument("--dry-run", action="store_true", help="validate the config and print it resolved; start nothing")
     d = sub.add_parser("demo", help="digits CNN on 2 local Ray workers (DDP): healthy, dead layers watched, repaired")
     d.add_argument("--out", default="ray_ormas_demo", help="run storage folder (default: %(default)s)")
@@ -46,10 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--check-every", type=int, default=10, help="steps between monitor checks (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--verbose", action="store_true", help="show the workers' logs and the monitor's events")
-    r = sub.add_parser("report", help="copy a run's record segments from storage and rebuild their HTML reports",
-                       description="Copy every segment of every monitor of RUN into --out, rebuild its reports "
-                                   "with ormas-monitor and verify it. Exit 1 if a segment fails verification "
-                                   "(a crashed segment without run_end counts as incomplete, not failed).")
+    r = sub.add_parser(
+        "report",
+        help="copy a run's record segments from storage and rebuild their HTML reports",
+        description="Copy every segment of every monitor of RUN into --out, rebuild its reports "
+        "with ormas-monitor and verify it. Exit 1 if a segment fails verification "
+        "(a crashed segment without run_end counts as incomplete, not failed).",
+    )
     r.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     r.add_argument("--out", default="ray_ormas_reports", help="local folder for the copies (default: %(default)s)")
     r.add_argument("--monitor", help="only this monitor (default: all)")
@@ -57,13 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     e.add_argument("--out", required=True, help="local folder for events.parquet and metrics.parquet")
     e.add_argument("--monitor", help="only this monitor (default: all)")
-    m = sub.add_parser("mlflow-sync", help="bring a run's MLflow run up to date from its record (after an outage)",
-                       description="Send to MLflow whatever the run's record and MLflow journal hold that the "
-                                   "MLflow run lacks (monitor rows and events, the loop's reported metrics, "
-                                   "checkpoints, the record's files, the final status); create the run if the "
-                                   "tracker was down for the whole fit. Running it twice adds nothing. Exit 0: "
-                                   "up to date; 1: the tracker is unreachable (nothing changed); 2: no record or "
-                                   "no MLflow journal at RUN.")
+    m = sub.add_parser(
+        "mlflow-sync",
+        help="bring a run's MLflow run up to date from its record (after an outage)",
+        description="Send to MLflow whatever the run's record and MLflow journal hold that the "
+        "MLflow run lacks (monitor rows and events, the loop's reported metrics, "
+        "checkpoints, the record's files, the final status); create the run if the "
+        "tracker was down for the whole fit. Running it twice adds nothing. Exit 0: "
+        "up to date; 1: the tracker is unreachable (nothing changed); 2: no record or "
+        "no MLflow journal at RUN.",
+    )
     m.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     m.add_argument("--tracking-uri", help="send to this tracking server instead of the one the fit used")
     return p
@@ -73,18 +90,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "train":
         from ray_ormas._internal.cli.train import train
+
         return train(args.config, args.overrides, dry_run=args.dry_run)
     if args.command == "demo":
         from ray_ormas import demo
+
         try:
-            demo.run(out=args.out, epochs=args.epochs, workers=args.workers, check_every=args.check_every,
-                     seed=args.seed, verbose=args.verbose)
+            demo.run(
+                out=args.out,
+                epochs=args.epochs,
+                workers=args.workers,
+                check_every=args.check_every,
+                seed=args.seed,
+                verbose=args.verbose,
+            )
         except Exception as e:
             logger.error("ray-ormas demo failed: %s: %s", type(e).__name__, e)
             return 1
         return 0
     from ray_ormas._internal.record.reader import open_records
     from ray_ormas._internal.record.store import RecordStorageError
+
     try:
         records = open_records(args.run)
     except (RecordStorageError, OSError) as e:
@@ -103,22 +129,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _mlflow_sync(records, tracking_uri: str | None) -> int:
     from ray_ormas._internal.tracking.sync import read_journals, sync_fit
     from ray_ormas._internal.tracking.values import first_line, quick_requests, shown
+
     journals = read_journals(records.store)
     if not journals:
-        logger.error("ray-ormas mlflow-sync: no MLflow journal under %s (its .mlflow/ folder): the run was trained "
-                     "with mlflow=False, or by a ray-ormas that kept no MLflow journal yet", records.store.shown())
+        logger.error(
+            "ray-ormas mlflow-sync: no MLflow journal under %s (its .mlflow/ folder): the run was trained "
+            "with mlflow=False, or by a ray-ormas that kept no MLflow journal yet",
+            records.store.shown(),
+        )
         return 2
     quick_requests(10.0)
     from mlflow import MlflowClient
+
     clients = {}
     for uri in {tracking_uri or j["tracking_uri"] for j in journals}:
         client = MlflowClient(tracking_uri=uri)
         try:
             client.search_experiments(max_results=1)
         except Exception as e:
-            logger.error("ray-ormas mlflow-sync: MLflow at %s is unreachable (%s: %s); nothing was changed. Run it "
-                         "again when the tracker answers, or give --tracking-uri", shown(uri), type(e).__name__,
-                         first_line(e))
+            logger.error(
+                "ray-ormas mlflow-sync: MLflow at %s is unreachable (%s: %s); nothing was changed. Run it "
+                "again when the tracker answers, or give --tracking-uri",
+                shown(uri),
+                type(e).__name__,
+                first_line(e),
+            )
             return 1
         clients[uri] = client
     for journal in journals:
@@ -157,11 +192,14 @@ def _report(records, out: Path, monitor: str | None) -> int:
 def _fleet_report(records) -> None:
     """Each fit's fleet health (when it was on): the per-rank table and the alarms."""
     from ray_ormas._internal.record.fleet_record import fleet_folder, fleet_summary, read_fleet
+
     for fit_id in records.fleets():
         meta, checks, alarms = read_fleet(records.store, fit_id)
         summary = fleet_summary(records.store.shown(fleet_folder(records.store, fit_id)), checks, alarms)
-        print(f"fleet of fit {fit_id}: {meta.get('world_size', '?')} ranks, {summary.checks} checks, "
-              f"{len(alarms)} alarms  ({summary.record})")
+        print(
+            f"fleet of fit {fit_id}: {meta.get('world_size', '?')} ranks, {summary.checks} checks, "
+            f"{len(alarms)} alarms  ({summary.record})"
+        )
         print(summary.table())
         for a in alarms:
             print(f"    alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")

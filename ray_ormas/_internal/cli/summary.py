@@ -9,6 +9,7 @@ table is what anyone re-reading the record would find. Hooks relied on: the reco
 ormas-monitor (diary events `alarm`, `certificate`, `repair` with `layer` and `count`; metrics
 rows with `grad` and `stuck` per layer) and `RecordStore` (storage.py).
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -39,10 +40,27 @@ def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
     layers += [x for x in [*alarms, *certified, *repaired] if x is not None and x not in layers]
     table = []
     for layer in layers:
-        status = ("repaired" if repaired[layer] else "certified dead" if certified[layer] and stuck.get(layer)
-                  else "stuck" if stuck.get(layer) else "alarms" if alarms[layer] else "healthy")
-        table.append({"layer": layer, "alarms": alarms[layer], "certified": certified[layer],
-                      "repaired": repaired[layer], "stuck_at_end": stuck.get(layer, 0), "status": status})
+        status = (
+            "repaired"
+            if repaired[layer]
+            else "certified dead"
+            if certified[layer] and stuck.get(layer)
+            else "stuck"
+            if stuck.get(layer)
+            else "alarms"
+            if alarms[layer]
+            else "healthy"
+        )
+        table.append(
+            {
+                "layer": layer,
+                "alarms": alarms[layer],
+                "certified": certified[layer],
+                "repaired": repaired[layer],
+                "stuck_at_end": stuck.get(layer, 0),
+                "status": status,
+            }
+        )
     return table
 
 
@@ -57,8 +75,10 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None, flee
         width = max([len("layer"), *(len(r["layer"]) for r in table)])
         out.append(f"  {'layer':<{width}}  alarms  certified  repaired  stuck at end  status")
         for r in table:
-            out.append(f"  {r['layer']:<{width}}  {r['alarms']:>6}  {r['certified']:>9}  {r['repaired']:>8}  "
-                       f"{r['stuck_at_end']:>12}  {r['status']}")
+            out.append(
+                f"  {r['layer']:<{width}}  {r['alarms']:>6}  {r['certified']:>9}  {r['repaired']:>8}  "
+                f"{r['stuck_at_end']:>12}  {r['status']}"
+            )
         out.append(f"  record: {store.shown(segment)}")
         out.append(f"  report: {store.shown(posixpath.join(segment, 'report.html'))}")
     if fleet is not None:

@@ -17,6 +17,7 @@ cluster when none is running (the current directory goes on the workers' PYTHONP
 Hooks relied on: `ray.init` (RAY_ADDRESS), `ray.cluster_resources`, and the public API of
 ray-ormas.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,10 @@ import sys
 import time
 from typing import Any, Literal
 
-from ray_ormas._internal.driver.capacity import check_capacity, per_worker
-from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.cli.failures import describe_failure
+from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.job_config import ConfigError, JobConfig, load_config, load_target
+from ray_ormas._internal.driver.capacity import check_capacity, per_worker
 from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.record.store import RecordStorageError
 from ray_ormas._internal.tracking.values import shown
@@ -45,7 +46,7 @@ def say(message: str) -> None:
 
 def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())          # `module:function` targets import like `python -m`
+        sys.path.insert(0, os.getcwd())  # `module:function` targets import like `python -m`
     try:
         job = load_config(path, overrides)
         job, notes = resolve_storage(job, path)
@@ -60,6 +61,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         say(note)
     if dry_run:
         import yaml
+
         print(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False), end="")
         say("config is valid; --dry-run started nothing")
         return 0
@@ -67,21 +69,25 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     if shortfall is not None:
         logger.error("ray-ormas train: %s: %s", path, shortfall)
         return 2
-    say(f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
-        f"{job.train.epochs} epoch(s); waiting for Ray Train to start the workers ...")
+    say(
+        f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
+        f"{job.train.epochs} epoch(s); waiting for Ray Train to start the workers ..."
+    )
     started = time.monotonic()
     try:
         result = trainer.fit()
     except KeyboardInterrupt:
         logger.error("ray-ormas train: interrupted")
         return 1
-    except BaseException as e:              # Ray's own errors, and the loop's, end the run: exit 1
+    except BaseException as e:  # Ray's own errors, and the loop's, end the run: exit 1
         if isinstance(e, SystemExit) and e.code in (0, None):
             raise
-        logger.error("ray-ormas train: training failed after %.0f s: %s", time.monotonic() - started,
-                     describe_failure(e))
+        logger.error(
+            "ray-ormas train: training failed after %.0f s: %s", time.monotonic() - started, describe_failure(e)
+        )
         return 1
     from ray_ormas._internal.cli.summary import render
+
     run = result.ormas
     mlflow = mlflow_line(run)
     final = {k: v for k, v in (result.metrics or {}).items() if not k.startswith("ormas/")}
@@ -97,8 +103,10 @@ def mlflow_line(run: Any) -> str | None:
     where = f"run {run.mlflow_run_id or '(not created: the tracker was down)'} at {shown(run.tracking_uri or '?')}"
     if run.mlflow_complete:
         return where
-    return f"{where}, INCOMPLETE: the tracker was unreachable; complete it later with: " \
-           f"ray-ormas mlflow-sync {run.store.shown()}"
+    return (
+        f"{where}, INCOMPLETE: the tracker was unreachable; complete it later with: "
+        f"ray-ormas mlflow-sync {run.store.shown()}"
+    )
 
 
 def resolve_storage(job: JobConfig, source: str) -> tuple[JobConfig, list[str]]:
@@ -125,8 +133,8 @@ def build_trainer(job: JobConfig) -> Any:
     """The `RayOrmasTrainer` a config describes (its own checks run here, on the driver)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    from ray_ormas._internal.worker.supervised_loop import supervised_loop
     from ray_ormas._internal.driver.trainer import RayOrmasTrainer
+    from ray_ormas._internal.worker.supervised_loop import supervised_loop
 
     m = job.monitor
     loop = load_target(job.loop.target) if job.loop is not None else supervised_loop
@@ -134,22 +142,41 @@ def build_trainer(job: JobConfig) -> Any:
     # `fleet:` stays the default, which is off by itself with one worker.
     fleet: FleetSettings | bool = True if job.fleet == FleetSettings() else job.fleet
     with _named("scaling"):
-        scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
-                                resources_per_worker=dict(job.scaling.resources_per_worker) or None)
+        scaling = ScalingConfig(
+            num_workers=job.scaling.workers,
+            use_gpu=job.scaling.use_gpu,
+            resources_per_worker=dict(job.scaling.resources_per_worker) or None,
+        )
     with _named("failure"):
-        failure = FailureConfig(max_failures=job.failure.max_failures,
-                                controller_failure_limit=job.failure.controller_failure_limit)
+        failure = FailureConfig(
+            max_failures=job.failure.max_failures, controller_failure_limit=job.failure.controller_failure_limit
+        )
     with _named("train.keep_checkpoints"):
         checkpoints = CheckpointConfig(num_to_keep=job.train.keep_checkpoints)
     with _named("storage.path"):
-        run_config = RunConfig(name=job.name, storage_path=job.storage.path, failure_config=failure,
-                               checkpoint_config=checkpoints)
+        run_config = RunConfig(
+            name=job.name, storage_path=job.storage.path, failure_config=failure, checkpoint_config=checkpoints
+        )
     return RayOrmasTrainer(
-        loop, train_loop_config=job.model_dump(mode="json"), repair=m.repair, monitor_config=m.config,
-        layers=m.layers, verbose=m.verbose, progress=m.progress, report_every=m.report_every,
-        sync_timeout_s=m.sync_timeout_s, auto_monitor=m.auto_monitor, record_dir=job.storage.record_dir,
-        strategy=job.strategy, sync_batchnorm=job.sync_batchnorm, batch=job.train.batch, mlflow=job.mlflow, fleet=fleet,
-        scaling_config=scaling, run_config=run_config)
+        loop,
+        train_loop_config=job.model_dump(mode="json"),
+        repair=m.repair,
+        monitor_config=m.config,
+        layers=m.layers,
+        verbose=m.verbose,
+        progress=m.progress,
+        report_every=m.report_every,
+        sync_timeout_s=m.sync_timeout_s,
+        auto_monitor=m.auto_monitor,
+        record_dir=job.storage.record_dir,
+        strategy=job.strategy,
+        sync_batchnorm=job.sync_batchnorm,
+        batch=job.train.batch,
+        mlflow=job.mlflow,
+        fleet=fleet,
+        scaling_config=scaling,
+        run_config=run_config,
+    )
 
 
 class _named:
@@ -172,6 +199,7 @@ def _start_ray(job: JobConfig) -> str | None:
     why the workers can never be placed when the cluster was started here (it cannot grow), else
     None; on a joined cluster a shortfall is only said (an autoscaler may add nodes)."""
     import ray
+
     if ray.is_initialized():
         return None
     address = os.environ.get("RAY_ADDRESS")
@@ -183,18 +211,26 @@ def _start_ray(job: JobConfig) -> str | None:
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}})
     from ray.train import ScalingConfig
-    scaling = ScalingConfig(num_workers=job.scaling.workers, use_gpu=job.scaling.use_gpu,
-                            resources_per_worker=dict(job.scaling.resources_per_worker) or None)
+
+    scaling = ScalingConfig(
+        num_workers=job.scaling.workers,
+        use_gpu=job.scaling.use_gpu,
+        resources_per_worker=dict(job.scaling.resources_per_worker) or None,
+    )
     have, need = ray.cluster_resources(), per_worker(scaling)
-    say(f"Ray is up: {have.get('CPU', 0):g} CPUs, {have.get('GPU', 0):g} GPUs in the cluster; the workers need "
-        f"{job.scaling.workers * need.get('CPU', 0):g} CPUs, {job.scaling.workers * need.get('GPU', 0):g} GPUs")
+    say(
+        f"Ray is up: {have.get('CPU', 0):g} CPUs, {have.get('GPU', 0):g} GPUs in the cluster; the workers need "
+        f"{job.scaling.workers * need.get('CPU', 0):g} CPUs, {job.scaling.workers * need.get('GPU', 0):g} GPUs"
+    )
     shortfall = check_capacity(scaling, keys=CLI_SCALING_KEYS)
     if shortfall is None:
         return None
     if not address:
         ray.shutdown()
         return f"{shortfall}. (This Ray cluster was started on this machine and cannot grow.)"
-    say(f"the cluster cannot place the workers yet ({shortfall}): Ray Train waits for it to grow (an "
+    say(
+        f"the cluster cannot place the workers yet ({shortfall}): Ray Train waits for it to grow (an "
         f"autoscaler) and gives up after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S per try "
-        f"(failure.controller_failure_limit tries)")
+        f"(failure.controller_failure_limit tries)"
+    )
     return None

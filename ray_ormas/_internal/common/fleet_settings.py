@@ -7,6 +7,7 @@ In a job config (`ray-ormas train`), the same names under `fleet:`. See docs/fle
 what each number means. The NCCL hang detector is Ray Train's own (Ray 2.60, experimental): the
 settings only switch it on through the environment variables Ray reads on the driver.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -49,21 +50,42 @@ class FleetSettings:
             default, 600 s).
     """
 
-    enabled: bool = Field(default=True, description="fleet health (with more than one worker): every rank's timings, loss, "
-                                            "non-finite values and parameter digest at every check")
-    slow_score: float = Field(default=0.5, gt=0, lt=1, description="a rank is slow when its straggler score is below this")
-    slow_checks: int = Field(default=3, ge=1, description="slow checks in a row before the straggler alarm (and checks in "
-                                                  "a row not slow before it ends)")
-    min_excess: float = Field(default=0.1, ge=0, lt=1, description="the least extra busy time that counts as slow, as a "
-                                                           "fraction of the fleet's median step time")
+    enabled: bool = Field(
+        default=True,
+        description="fleet health (with more than one worker): every rank's timings, loss, "
+        "non-finite values and parameter digest at every check",
+    )
+    slow_score: float = Field(
+        default=0.5, gt=0, lt=1, description="a rank is slow when its straggler score is below this"
+    )
+    slow_checks: int = Field(
+        default=3,
+        ge=1,
+        description="slow checks in a row before the straggler alarm (and checks in a row not slow before it ends)",
+    )
+    min_excess: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="the least extra busy time that counts as slow, as a fraction of the fleet's median step time",
+    )
     divergence: bool = Field(default=True, description="compare the DDP replicas' parameter digests at every check")
-    ray_metrics: bool = Field(default=True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)")
+    ray_metrics: bool = Field(
+        default=True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)"
+    )
     mlflow_ranks: int = Field(default=64, ge=0, description="log per-rank scores to MLflow for at most this many ranks")
-    nccl_hang_detector: HangDetector = Field(default="off", description="Ray Train's NCCL hang detector (GPU workers): "
-                                                                "`fail` ends the group with NCCLHangError, recorded "
-                                                                "in the fleet record")
-    nccl_hang_confirm_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="seconds a hang lasts "
-                                              "before Ray confirms it (null: Ray's default, 600)")
+    nccl_hang_detector: HangDetector = Field(
+        default="off",
+        description="Ray Train's NCCL hang detector (GPU workers): "
+        "`fail` ends the group with NCCLHangError, recorded "
+        "in the fleet record",
+    )
+    nccl_hang_confirm_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a hang lasts before Ray confirms it (null: Ray's default, 600)",
+    )
 
     @field_validator("nccl_hang_detector", mode="before")
     @classmethod

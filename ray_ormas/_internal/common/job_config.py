@@ -8,21 +8,22 @@
     scaling: {workers: 2}
     monitor: {repair: true, check_every: 10}
 
-Validated with pydantic (v2), because Ray already depends on it, and because it gives what a
-config needs for free: every error names its key path (`train.batch.size: Input should be
-greater than or equal to 1`), unknown keys are refused (a typo never silently falls back to a
-default), values are coerced from YAML's types, and the field descriptions are the reference in
-docs/cli.md (`schema_reference()`, checked by a test). The `monitor:`, `mlflow:`, `fleet:` and
-`train.batch:` sections are the Python API's own settings classes (`MonitorSettings`,
-`MLflowSettings`, `FleetSettings`, `BatchSize`; options.py), so the two cannot drift apart. Checks that need two sections at once (a
-global batch split over workers, repair with FSDP, SyncBatchNorm without GPUs) are the
-trainer's own, run on the driver when the CLI builds it, before Ray starts.
+Validated with pydantic (v2), because Ray already depends on it, and because it gives what a config
+needs for free: every error names its key path (`train.batch.size: Input should be greater than or
+equal to 1`), unknown keys are refused (a typo never silently falls back to a default), values are
+coerced from YAML's types, and the field descriptions are the reference in docs/cli.md
+(`schema_reference()`, checked by a test). The `monitor:`, `mlflow:`, `fleet:` and `train.batch:`
+sections are the Python API's own settings classes (`MonitorSettings`, `MLflowSettings`,
+`FleetSettings`, `BatchSize`; options.py), so the two cannot drift apart. Checks that need two
+sections at once (a global batch split over workers, repair with FSDP, SyncBatchNorm without GPUs)
+are the trainer's own, run on the driver when the CLI builds it, before Ray starts.
 
 `module:function` targets are imported while validating, on the driver, so a missing module or
 function is a config error before any worker starts; the current directory is importable, as
 it is for `python -m` (and under `ray job submit --working-dir`, the working dir is the current
 directory).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -32,12 +33,20 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Sequence, Union, cast, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator, \
-    model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
 from ray_ormas.errors import ConfigError
 
 TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -53,8 +62,9 @@ def load_target(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} ({e}); run from the folder that contains it, or "
-                         f"install it") from None
+        raise ValueError(
+            f"cannot import module {module_name!r} ({e}); run from the folder that contains it, or install it"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
@@ -91,6 +101,7 @@ class OptimizerSection(Section):
     @classmethod
     def _known(cls, value: str) -> str:
         import torch
+
         found = getattr(torch.optim, value, None)
         if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
             raise ValueError(f"torch.optim has no optimizer {value!r}; e.g. AdamW, SGD, Adam")
@@ -101,12 +112,17 @@ class TrainSection(Section):
     epochs: PositiveInt = Field(description="passes over the training data")
     batch: BatchSize = Field(description="batch size and its meaning")
     seed: int = Field(default=0, description="torch seed (model initialisation, shuffling)")
-    loss: str = Field(default="cross_entropy", description="a function of `torch.nn.functional`, or `module:function` "
-                                                   "called as `loss(outputs, targets)`")
+    loss: str = Field(
+        default="cross_entropy",
+        description="a function of `torch.nn.functional`, or `module:function` called as `loss(outputs, targets)`",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
-        default="fp32", description="`bf16`: bf16 autocast; `fp16`: fp16 autocast with a GradScaler given to the monitor")
-    checkpoint_every: PositiveInt | None = Field(default=1, description="epochs between checkpoints (null: none); a "
-                                                               "restarted run resumes from the last one")
+        default="fp32",
+        description="`bf16`: bf16 autocast; `fp16`: fp16 autocast with a GradScaler given to the monitor",
+    )
+    checkpoint_every: PositiveInt | None = Field(
+        default=1, description="epochs between checkpoints (null: none); a restarted run resumes from the last one"
+    )
     keep_checkpoints: PositiveInt | None = Field(default=2, description="checkpoints kept in storage (null: all)")
 
     @field_validator("loss")
@@ -116,56 +132,76 @@ class TrainSection(Section):
             Factory(target=value)
             return value
         import torch.nn.functional as F
+
         if not callable(getattr(F, value, None)):
-            raise ValueError(f"torch.nn.functional has no {value!r}; use e.g. cross_entropy, mse_loss, or "
-                             f"'module:function'")
+            raise ValueError(
+                f"torch.nn.functional has no {value!r}; use e.g. cross_entropy, mse_loss, or 'module:function'"
+            )
         return value
 
 
 class ScalingSection(Section):
     workers: PositiveInt = Field(default=1, description="Ray Train workers (ranks)")
     use_gpu: bool = Field(default=False, description="one GPU per worker")
-    resources_per_worker: dict[str, float] = Field(default_factory=dict,
-                                                   description="e.g. {CPU: 4, GPU: 1}; Ray's defaults if empty")
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict, description="e.g. {CPU: 4, GPU: 1}; Ray's defaults if empty"
+    )
 
 
 class StorageSection(Section):
-    path: str = Field(default="~/ray_results", description="run storage (`RunConfig.storage_path`): a local or shared "
-                                                   "path, or a URI (s3://bucket/runs)")
+    path: str = Field(
+        default="~/ray_results",
+        description="run storage (`RunConfig.storage_path`): a local or shared path, or a URI (s3://bucket/runs)",
+    )
     record_dir: str | None = Field(default=None, description="where the record goes if not beside the checkpoints")
 
 
 class FailureSection(Section):
-    max_failures: int = Field(default=0, ge=-1, description="worker-group restarts (from the last checkpoint); -1: unlimited")
-    controller_failure_limit: int = Field(default=-1, ge=-1, description="failed worker-group starts tolerated (e.g. "
-                                                                 "waiting for a lost node); -1: unlimited")
+    max_failures: int = Field(
+        default=0, ge=-1, description="worker-group restarts (from the last checkpoint); -1: unlimited"
+    )
+    controller_failure_limit: int = Field(
+        default=-1,
+        ge=-1,
+        description="failed worker-group starts tolerated (e.g. waiting for a lost node); -1: unlimited",
+    )
 
 
 class JobConfig(Section):
     """A whole `ray-ormas train` job."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the run's name (`RunConfig.name`): "
-                                                                          "its folder in storage")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the run's name (`RunConfig.name`): its folder in storage"
+    )
     model: Factory | None = Field(default=None, description="builds the `nn.Module` (built-in loop)")
-    data: Factory | None = Field(default=None, description="returns `{'train': Dataset, 'val': Dataset or None}` of "
-                                                   "(input, target) pairs (built-in loop)")
-    loop: Factory | None = Field(default=None, description="a training loop of your own, `fn(config)`, instead of the "
-                                                   "built-in one; it gets this whole config as a dict")
+    data: Factory | None = Field(
+        default=None,
+        description="returns `{'train': Dataset, 'val': Dataset or None}` of (input, target) pairs (built-in loop)",
+    )
+    loop: Factory | None = Field(
+        default=None,
+        description="a training loop of your own, `fn(config)`, instead of the "
+        "built-in one; it gets this whole config as a dict",
+    )
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="the optimizer")
     train: TrainSection = Field(description="epochs, batch, loss, precision, checkpoints")
     strategy: Literal["ddp", "fsdp"] = Field(default="ddp", description="`ddp` or `fsdp` (FSDP2)")
     sync_batchnorm: bool = Field(default=False, description="convert BatchNorm to SyncBatchNorm (ddp on GPUs)")
-    parallel_kwargs: dict[str, Any] = Field(default_factory=dict, description="for DDP (e.g. static_graph: true) or "
-                                                                             "fully_shard (e.g. shard_modules: "
-                                                                             "'blocks.*')")
+    parallel_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="for DDP (e.g. static_graph: true) or fully_shard (e.g. shard_modules: 'blocks.*')",
+    )
     scaling: ScalingSection = Field(default_factory=ScalingSection, description="workers and resources")
-    monitor: MonitorSettings = Field(default_factory=MonitorSettings, description="the ormas monitor "
-                                                                                  "(`ray_ormas.MonitorSettings`)")
-    mlflow: MLflowSettings = Field(default_factory=MLflowSettings, description="MLflow tracking "
-                                                                               "(`ray_ormas.MLflowSettings`)")
-    fleet: FleetSettings = Field(default_factory=FleetSettings, description="fleet health: stragglers, divergence, "
-                                                                            "non-finite values, per rank "
-                                                                            "(`ray_ormas.FleetSettings`)")
+    monitor: MonitorSettings = Field(
+        default_factory=MonitorSettings, description="the ormas monitor (`ray_ormas.MonitorSettings`)"
+    )
+    mlflow: MLflowSettings = Field(
+        default_factory=MLflowSettings, description="MLflow tracking (`ray_ormas.MLflowSettings`)"
+    )
+    fleet: FleetSettings = Field(
+        default_factory=FleetSettings,
+        description="fleet health: stragglers, divergence, non-finite values, per rank (`ray_ormas.FleetSettings`)",
+    )
     storage: StorageSection = Field(default_factory=StorageSection, description="where the run persists")
     failure: FailureSection = Field(default_factory=FailureSection, description="restarts")
 
@@ -181,7 +217,6 @@ class JobConfig(Section):
         return self
 
 
-
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
     """Read a YAML config, apply `key.path=value` overrides (values parsed as YAML), validate."""
     path = Path(path)
@@ -192,8 +227,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (name, model, data, train, ...), "
-                          f"got {type(raw).__name__}")
+        raise ConfigError(
+            f"{path} must hold a mapping of sections (name, model, data, train, ...), got {type(raw).__name__}"
+        )
     for item in overrides:
         apply_override(raw, item)
     try:
@@ -218,7 +254,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a section")
+            raise ConfigError(f"--set {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
@@ -308,5 +344,5 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-if __name__ == "__main__":          # python -m ray_ormas.job_config > the reference part of docs/cli.md
+if __name__ == "__main__":  # python -m ray_ormas.job_config > the reference part of docs/cli.md
     print(schema_reference(), end="")

@@ -12,6 +12,7 @@ looked up when the record is written, because Ray Train replaces a worker's stre
 import. Quieter: `logging.getLogger("ray_ormas").setLevel(logging.WARNING)`; no progress lines:
 the same on `ray_ormas.progress`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ class DefaultHandler(logging.Handler):
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers:        # the process configured logging: it shows the record
+        if logging.getLogger().handlers:  # the process configured logging: it shows the record
             return
         try:
             stream = sys.stdout if record.levelno < logging.WARNING else sys.stderr

@@ -3,6 +3,7 @@
 Shared by both sides of the meeting: the workers arrive (worker/rendezvous.py), the ledger actor
 on the head node keeps the arrivals. Plain Python; no Ray.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -13,6 +14,7 @@ RANK_KEY = "ormas/rank"
 class Arrival(NamedTuple):
     """What one rank said at a meeting: which report, after how many monitor steps, and whether
     it reports a checkpoint (then rank 0 persists the record first; see worker/session.py)."""
+
     kind: str
     step: int
     checkpoint: bool = False

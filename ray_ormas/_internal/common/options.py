@@ -10,17 +10,18 @@ trainer's keyword options as `OptionError` lines (`sync_timeout_s: Input should 
 
 Relies on pydantic v2's public API (`pydantic.dataclasses.dataclass`, `Field`, `ValidationError`).
 """
+
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict, ValidationError
+
 from ray_ormas.errors import OptionError
 
 SETTINGS_CONFIG = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 T = TypeVar("T")
-
 
 
 def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
@@ -34,7 +35,7 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
         got = "" if e["type"].startswith("value_error") or "input" not in e else f", got {e['input']!r}"
         if where:
             lines.append(f"{prefix}{where}: {message}{got}")
-        else:                               # a check across options: the class's own message
+        else:  # a check across options: the class's own message
             lines.append(f"{prefix.rstrip('.')}: {message}" if prefix else message)
     return lines
 

@@ -13,6 +13,7 @@ construction, on the driver, so a bad option fails before any Ray worker starts.
 
 `STRATEGIES` are the parallel strategies `ray.train.torch.prepare_model` knows.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,10 +42,15 @@ def check_strategy(strategy: Any) -> str:
 
 def check_monitor_name(name: Any) -> str:
     """A monitor name becomes a folder of the record: letters, digits, '-', '_' and '.' only."""
-    if not isinstance(name, str) or not name or name.startswith(".") or \
-            not all(c.isalnum() or c in "-_." for c in name):
-        raise ValueError(f"monitor name must be a non-empty folder name of letters, digits, '-', '_' or '.', "
-                         f"got {name!r}")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or not all(c.isalnum() or c in "-_." for c in name)
+    ):
+        raise ValueError(
+            f"monitor name must be a non-empty folder name of letters, digits, '-', '_' or '.', got {name!r}"
+        )
     return name
 
 
@@ -72,29 +78,46 @@ class MonitorSettings:
             ormas-monitor's own callback. False: only `ray_ormas.monitor(...)` builds monitors.
     """
 
-    repair: RepairMode = Field(default=False, description="false: watch only; true: repair certified, constant and decayed "
-                                                  "channels; `all`: see ormas-monitor")
+    repair: RepairMode = Field(
+        default=False,
+        description="false: watch only; true: repair certified, constant and decayed "
+        "channels; `all`: see ormas-monitor",
+    )
     check_every: int = Field(default=DEFAULT_CHECK_EVERY, ge=1, description="optimizer steps between checks")
-    thresholds: dict[str, Any] = Field(default_factory=dict, description="other `ormas_monitor.MonitorConfig` fields "
-                                                                         "(patience, sigma, warmup, ...)")
-    layers: tuple[str, ...] | None = Field(default=None, min_length=1, description="fnmatch patterns of the layers to "
-                                                                          "monitor (null: all)")
+    thresholds: dict[str, Any] = Field(
+        default_factory=dict, description="other `ormas_monitor.MonitorConfig` fields (patience, sigma, warmup, ...)"
+    )
+    layers: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="fnmatch patterns of the layers to monitor (null: all)"
+    )
     verbose: bool = Field(default=True, description="rank 0 prints ormas-monitor's own event lines")
     progress: bool = Field(default=True, description="rank 0 prints one line per check")
-    report_every: int | None = Field(default=None, ge=1, description="also report every N checks (a barrier each time; "
-                                                             "null: only the loop's own reports and the end)")
-    sync_timeout_s: float = Field(default=DEFAULT_SYNC_TIMEOUT_S, gt=0, allow_inf_nan=False,
-                                  description="seconds ranks wait for each other at a report")
-    auto_monitor: bool = Field(default=True, description="monitor the models a loop trains without ray_ormas.monitor "
-                                                 "(optimizer step hooks; Lightning and Transformers callbacks)")
+    report_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="also report every N checks (a barrier each time; null: only the loop's own reports and the end)",
+    )
+    sync_timeout_s: float = Field(
+        default=DEFAULT_SYNC_TIMEOUT_S,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds ranks wait for each other at a report",
+    )
+    auto_monitor: bool = Field(
+        default=True,
+        description="monitor the models a loop trains without ray_ormas.monitor "
+        "(optimizer step hooks; Lightning and Transformers callbacks)",
+    )
 
     @field_validator("repair", mode="plain")
     @classmethod
     def _repair_mode(cls, value: Any) -> RepairMode:
         if value is True or value is False or value == "all":
             return value
-        raise ValueError(f"repair must be False (watch only), True (repair certified, constant and decayed "
-                         f"channels) or 'all', got {value!r}")
+        raise ValueError(
+            f"repair must be False (watch only), True (repair certified, constant and decayed "
+            f"channels) or 'all', got {value!r}"
+        )
 
     @field_validator("layers")
     @classmethod
@@ -120,16 +143,26 @@ class MonitorSettings:
         return MonitorConfig(**self.thresholds, check_every=self.check_every)
 
     @classmethod
-    def build(cls, *, repair: RepairMode = False, check_every: int | None = None,
-              monitor_config: MonitorConfig | None = None, layers: str | Sequence[str] | None = None,
-              verbose: bool = True, report_every: int | None = None,
-              sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S, progress: bool = True,
-              auto_monitor: bool = True) -> MonitorSettings:
+    def build(
+        cls,
+        *,
+        repair: RepairMode = False,
+        check_every: int | None = None,
+        monitor_config: MonitorConfig | None = None,
+        layers: str | Sequence[str] | None = None,
+        verbose: bool = True,
+        report_every: int | None = None,
+        sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+        progress: bool = True,
+        auto_monitor: bool = True,
+    ) -> MonitorSettings:
         """Settings from the trainer's keyword options: `monitor_config` gives the thresholds,
         `check_every` overrides its interval; an error is an `OptionError` naming the option."""
         if monitor_config is not None and not isinstance(monitor_config, MonitorConfig):
-            raise TypeError(f"monitor_config must be an ormas_monitor.MonitorConfig, got "
-                            f"{type(monitor_config).__name__}; build one with MonitorConfig(check_every=..., ...)")
+            raise TypeError(
+                f"monitor_config must be an ormas_monitor.MonitorConfig, got "
+                f"{type(monitor_config).__name__}; build one with MonitorConfig(check_every=..., ...)"
+            )
         defaults = MonitorConfig().to_dict()
         given = monitor_config.to_dict() if monitor_config is not None else defaults
         thresholds = {k: v for k, v in given.items() if k != "check_every" and v != defaults[k]}
@@ -139,14 +172,28 @@ class MonitorSettings:
             layers = (layers,)
         elif isinstance(layers, list):
             layers = tuple(layers)
-        return build(cls, "", repair=repair, check_every=check_every, thresholds=thresholds, layers=layers,
-                     verbose=verbose, progress=progress, report_every=report_every, sync_timeout_s=sync_timeout_s,
-                     auto_monitor=auto_monitor)
+        return build(
+            cls,
+            "",
+            repair=repair,
+            check_every=check_every,
+            thresholds=thresholds,
+            layers=layers,
+            verbose=verbose,
+            progress=progress,
+            report_every=report_every,
+            sync_timeout_s=sync_timeout_s,
+            auto_monitor=auto_monitor,
+        )
 
     def monitor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `ormas_monitor.Monitor`, identical on every rank."""
-        return {"repair": self.repair, "config": self.config,
-                "layers": list(self.layers) if self.layers is not None else None, "verbose": self.verbose}
+        return {
+            "repair": self.repair,
+            "config": self.config,
+            "layers": list(self.layers) if self.layers is not None else None,
+            "verbose": self.verbose,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every setting, `check_every` and `thresholds` as the whole `MonitorConfig`
@@ -175,9 +222,12 @@ class BatchSize:
     """
 
     size: int = Field(ge=1, description="samples per batch: per rank or global, as `per` says")
-    per: Literal["rank", "global"] = Field(default="rank", description="`rank`: each rank loads `size`; `global`: the whole "
-                                                               "optimizer step sees `size`, split over ranks and "
-                                                               "accumulation steps")
+    per: Literal["rank", "global"] = Field(
+        default="rank",
+        description="`rank`: each rank loads `size`; `global`: the whole "
+        "optimizer step sees `size`, split over ranks and "
+        "accumulation steps",
+    )
     accumulation: int = Field(default=1, ge=1, description="micro-batches per optimizer step (gradient accumulation)")
 
     def per_rank(self, world_size: int) -> int:
@@ -187,10 +237,12 @@ class BatchSize:
         parts = world_size * self.accumulation
         if self.size % parts:
             lower, upper = self.size // parts * parts, -(-self.size // parts) * parts
-            raise ValueError(f"a global batch of {self.size} does not split evenly over {world_size} workers x "
-                             f"{self.accumulation} accumulation steps ({parts} micro-batches per optimizer step): "
-                             f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change the number "
-                             f"of workers (ScalingConfig.num_workers; scaling.workers in a YAML config)")
+            raise ValueError(
+                f"a global batch of {self.size} does not split evenly over {world_size} workers x "
+                f"{self.accumulation} accumulation steps ({parts} micro-batches per optimizer step): "
+                f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change the number "
+                f"of workers (ScalingConfig.num_workers; scaling.workers in a YAML config)"
+            )
         return self.size // parts
 
     def effective(self, world_size: int) -> int:
@@ -198,5 +250,10 @@ class BatchSize:
         return self.per_rank(world_size) * world_size * self.accumulation
 
     def to_dict(self, world_size: int) -> dict[str, Any]:
-        return {"size": self.size, "per": self.per, "accumulation": self.accumulation,
-                "per_rank": self.per_rank(world_size), "effective": self.effective(world_size)}
+        return {
+            "size": self.size,
+            "per": self.per,
+            "accumulation": self.accumulation,
+            "per_rank": self.per_rank(world_size),
+            "effective": self.effective(world_size),
+        }

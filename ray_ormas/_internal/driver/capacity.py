@@ -11,6 +11,7 @@ node), and returns the shortfall as one sentence, or None when the workers fit.
 Hooks relied on: `ray.nodes()` (each node's `Alive` and `Resources`), and `ScalingConfig`'s
 public fields with their documented defaults (a worker takes 1 CPU, or 1 GPU with `use_gpu`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,24 +37,31 @@ def check_capacity(scaling: ScalingConfig, *, keys: dict[str, str] | None = None
     `keys` names the options in the caller's words (defaults: the ScalingConfig's fields), so
     the CLI can say `scaling.workers` where the Python API says `ScalingConfig(num_workers=...)`.
     """
-    keys = {"workers": "ScalingConfig(num_workers=...)", "resources": "ScalingConfig(resources_per_worker=...)",
-            **(keys or {})}
+    keys = {
+        "workers": "ScalingConfig(num_workers=...)",
+        "resources": "ScalingConfig(resources_per_worker=...)",
+        **(keys or {}),
+    }
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     need = per_worker(scaling)
     workers = int(scaling.num_workers)
     for resource, amount in sorted(need.items()):
         largest = max((float(n.get(resource, 0)) for n in nodes), default=0.0)
         if amount > largest:
-            return (f"{keys['resources']}: one worker needs {_amount(amount)} {resource}, and no node of this "
-                    f"Ray cluster has that many (the largest has {_amount(largest)}); lower it, or run on a "
-                    f"cluster with bigger nodes")
+            return (
+                f"{keys['resources']}: one worker needs {_amount(amount)} {resource}, and no node of this "
+                f"Ray cluster has that many (the largest has {_amount(largest)}); lower it, or run on a "
+                f"cluster with bigger nodes"
+            )
         fit = sum(int(float(n.get(resource, 0)) // amount) for n in nodes)
         if fit < workers:
-            return (f"{keys['workers']}: {workers} workers x {_amount(amount)} {resource} need "
-                    f"{_amount(workers * amount)} {resource}; this Ray cluster has "
-                    f"{_amount(sum(float(n.get(resource, 0)) for n in nodes))} and room for {fit} such "
-                    f"worker(s); use at most {fit} workers, or less {resource} per worker "
-                    f"({keys['resources']}), or a bigger cluster")
+            return (
+                f"{keys['workers']}: {workers} workers x {_amount(amount)} {resource} need "
+                f"{_amount(workers * amount)} {resource}; this Ray cluster has "
+                f"{_amount(sum(float(n.get(resource, 0)) for n in nodes))} and room for {fit} such "
+                f"worker(s); use at most {fit} workers, or less {resource} per worker "
+                f"({keys['resources']}), or a bigger cluster"
+            )
     return None
 
 

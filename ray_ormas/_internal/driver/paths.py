@@ -21,6 +21,7 @@ Hooks relied on: `RAY_JOB_CONFIG_JSON_ENV_VAR`, which Ray's job supervisor sets 
 environment of a submitted job's entrypoint (ray/dashboard/modules/job/job_supervisor.py), and
 the URI schemes of `pyarrow.fs.FileSystem.from_uri`.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,10 @@ from ray_ormas.errors import StoragePathError
 
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 PYARROW_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "mock")
-INSTEAD = ("an absolute path every node can reach (/mnt/shared/runs), a path in the home folder "
-           "(~/ray_ormas_runs), or a URI (s3://bucket/runs)")
-
+INSTEAD = (
+    "an absolute path every node can reach (/mnt/shared/runs), a path in the home folder "
+    "(~/ray_ormas_runs), or a URI (s3://bucket/runs)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,18 +77,23 @@ def resolve_location(value: str | os.PathLike, key: str) -> ResolvedLocation:
         if scheme not in PYARROW_SCHEMES:
             raise StoragePathError(
                 f"{key}: {given!r} has the scheme {scheme!r}, which pyarrow (and so Ray Train) cannot open; use "
-                f"one of {', '.join(s + '://' for s in PYARROW_SCHEMES)}, or a local path")
+                f"one of {', '.join(s + '://' for s in PYARROW_SCHEMES)}, or a local path"
+            )
         return ResolvedLocation(given, given)
     expanded = os.path.expanduser(given)
     note = None
     if not os.path.isabs(expanded):
         job_dir = submitted_job_working_dir()
         if job_dir is not None:
-            where = ("a temporary copy of --working-dir that Ray deletes when the job ends" if job_dir
-                     else "the job agent's folder on the head node")
+            where = (
+                "a temporary copy of --working-dir that Ray deletes when the job ends"
+                if job_dir
+                else "the job agent's folder on the head node"
+            )
             raise StoragePathError(
                 f"{key}: {given!r} is a relative path, and this runs under `ray job submit`, whose working "
-                f"directory is {where}: the run would be lost. Use {INSTEAD}")
+                f"directory is {where}: the run would be lost. Use {INSTEAD}"
+            )
         absolute = os.path.abspath(expanded)
         note = f"{key} {given!r} is relative to this directory: the run goes to {absolute}"
     else:
@@ -99,7 +106,8 @@ def resolve_location(value: str | os.PathLike, key: str) -> ResolvedLocation:
     if not os.path.isdir(parent):
         raise StoragePathError(
             f"{key}: {given!r}: its parent folder {parent} does not exist (a typo?); create it first "
-            f"(mkdir -p {parent}) or choose another location: {INSTEAD}")
+            f"(mkdir -p {parent}) or choose another location: {INSTEAD}"
+        )
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise StoragePathError(f"{key}: {given!r} is a file, not a folder; choose a folder: {INSTEAD}")
     return ResolvedLocation(given, absolute, note)

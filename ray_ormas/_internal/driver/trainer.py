@@ -22,6 +22,7 @@ Hooks relied on (Ray Train V2):
 * `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
   more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,28 +43,36 @@ from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, 
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_ormas._internal.worker.adoption import check_frameworks
-from ray_ormas._internal.driver.capacity import check_capacity
-from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, DEFAULT_SYNC_TIMEOUT_S, BatchSize, MonitorSettings, RepairMode, check_strategy
 from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.common.settings import (
+    DEFAULT_MONITOR_NAME,
+    DEFAULT_SYNC_TIMEOUT_S,
+    BatchSize,
+    MonitorSettings,
+    RepairMode,
+    check_strategy,
+)
+from ray_ormas._internal.driver.capacity import check_capacity
+from ray_ormas._internal.driver.paths import resolve_location
 from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
-from ray_ormas._internal.record.fleet_record import FleetSummary
 from ray_ormas._internal.head.ledger import RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
 from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, WriterSpec
-from ray_ormas._internal.driver.paths import resolve_location
+from ray_ormas._internal.record.fleet_record import FleetSummary
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.staging import sweep
 from ray_ormas._internal.record.store import RecordStore, resolve
-from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_exists, mlflow_environment, shown
-from ray_ormas._internal.worker.plan import WorkerPlan
+from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas._internal.worker.loop import wrap_train_loop
+from ray_ormas._internal.worker.plan import WorkerPlan
 
-HEAD_NODE_RESOURCE = "node:__internal_head__"      # what Ray Train's own state actor is pinned with
-FINISH_TIMEOUT_S = 300      # the writer's last sync and uploads, plus a few requests' timeouts
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # what Ray Train's own state actor is pinned with
+FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 
 logger = logging.getLogger("ray_ormas.trainer")
+
 
 @dataclass(frozen=True)
 class OrmasRun:
@@ -164,78 +173,103 @@ class RayOrmasTrainer:
             with the monitor, for debugging. Elastic `num_workers=(min, max)` is refused here.
     """
 
-    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
-                 train_loop_config: dict[str, Any] | None = None,
-                 repair: RepairMode = False,
-                 check_every: int | None = None,
-                 monitor_config: MonitorConfig | None = None,
-                 layers: str | Sequence[str] | None = None,
-                 verbose: bool = True,
-                 progress: bool = True,
-                 report_every: int | None = None,
-                 sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
-                 auto_monitor: bool = True,
-                 record_dir: str | os.PathLike | None = None,
-                 strategy: str = "ddp",
-                 sync_batchnorm: bool = False,
-                 batch: BatchSize | None = None,
-                 mlflow: MLflowSettings | bool = True,
-                 fleet: FleetSettings | bool = True,
-                 scaling_config: ScalingConfig | None = None,
-                 run_config: RunConfig | None = None,
-                 torch_config: TorchConfig | None = None,
-                 datasets: dict[str, Any] | None = None,
-                 dataset_config: DataConfig | None = None,
-                 validation_config: ValidationConfig | None = None,
-                 metadata: dict[str, Any] | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None,
-                 **unknown: Any) -> None:
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        repair: RepairMode = False,
+        check_every: int | None = None,
+        monitor_config: MonitorConfig | None = None,
+        layers: str | Sequence[str] | None = None,
+        verbose: bool = True,
+        progress: bool = True,
+        report_every: int | None = None,
+        sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
+        auto_monitor: bool = True,
+        record_dir: str | os.PathLike | None = None,
+        strategy: str = "ddp",
+        sync_batchnorm: bool = False,
+        batch: BatchSize | None = None,
+        mlflow: MLflowSettings | bool = True,
+        fleet: FleetSettings | bool = True,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        torch_config: TorchConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        validation_config: ValidationConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        **unknown: Any,
+    ) -> None:
         if unknown:
             raise TypeError(_unknown_options(unknown))
         _check_loop(train_loop_per_worker)
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             raise TypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
         self.strategy = check_strategy(strategy)
-        self.settings = MonitorSettings.build(repair=repair, check_every=check_every, monitor_config=monitor_config,
-                                              layers=layers, verbose=verbose, report_every=report_every,
-                                              sync_timeout_s=sync_timeout_s, progress=progress,
-                                              auto_monitor=auto_monitor)
+        self.settings = MonitorSettings.build(
+            repair=repair,
+            check_every=check_every,
+            monitor_config=monitor_config,
+            layers=layers,
+            verbose=verbose,
+            report_every=report_every,
+            sync_timeout_s=sync_timeout_s,
+            progress=progress,
+            auto_monitor=auto_monitor,
+        )
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
             raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
         workers = self.scaling_config.num_workers
         if isinstance(workers, tuple):
-            raise ValueError(f"ScalingConfig(num_workers={workers!r}) asks for elastic training, which RayOrmasTrainer "
-                             f"does not run: its report rendezvous, the fleet's rank comparison and a global batch's "
-                             f"split are set up for one world size per fit. Give a fixed num_workers; a restart from "
-                             f"a checkpoint with another num_workers continues the record in a new linked segment")
+            raise ValueError(
+                f"ScalingConfig(num_workers={workers!r}) asks for elastic training, which RayOrmasTrainer "
+                f"does not run: its report rendezvous, the fleet's rank comparison and a global batch's "
+                f"split are set up for one world size per fit. Give a fixed num_workers; a restart from "
+                f"a checkpoint with another num_workers continues the record in a new linked segment"
+            )
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
-                             f"loop in this process, for debugging), got {workers!r}")
+            raise ValueError(
+                f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
+                f"loop in this process, for debugging), got {workers!r}"
+            )
         if self.strategy == "fsdp" and workers == 0:
-            raise ValueError("strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
-                             "the loop in this process without one: debug with strategy='ddp' (one process, the model "
-                             "left unwrapped), or give num_workers >= 1")
+            raise ValueError(
+                "strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
+                "the loop in this process without one: debug with strategy='ddp' (one process, the model "
+                "left unwrapped), or give num_workers >= 1"
+            )
         if self.strategy == "fsdp" and self.settings.repair:
-            raise ValueError("repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
-                             "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
-                             "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
-                             "work; or strategy='ddp' to repair")
+            raise ValueError(
+                "repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
+                "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
+                "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
+                "work; or strategy='ddp' to repair"
+            )
         if not isinstance(sync_batchnorm, bool):
             raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
         if sync_batchnorm and self.strategy != "ddp":
-            raise ValueError("sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
-                             "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself")
+            raise ValueError(
+                "sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
+                "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself"
+            )
         if sync_batchnorm and not self.scaling_config.use_gpu:
-            raise ValueError("sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
-                             "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
-                             "or leave sync_batchnorm=False on CPU")
+            raise ValueError(
+                "sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
+                "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
+                "or leave sync_batchnorm=False on CPU"
+            )
         self.sync_batchnorm = sync_batchnorm
         if batch is not None and not isinstance(batch, BatchSize):
-            raise TypeError(f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
-                            f"got {type(batch).__name__}")
-        self.world_size = max(workers, 1)                 # local mode (0 workers): the driver is rank 0
-        self.batch = batch.to_dict(self.world_size) if batch is not None else None    # refuses an uneven split
+            raise TypeError(
+                f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
+                f"got {type(batch).__name__}"
+            )
+        self.world_size = max(workers, 1)  # local mode (0 workers): the driver is rank 0
+        self.batch = batch.to_dict(self.world_size) if batch is not None else None  # refuses an uneven split
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
@@ -260,14 +294,24 @@ class RayOrmasTrainer:
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config
         self.datasets = datasets
-        self.passed_through = {"dataset_config": dataset_config, "validation_config": validation_config,
-                               "metadata": metadata, "resume_from_checkpoint": resume_from_checkpoint}
+        self.passed_through = {
+            "dataset_config": dataset_config,
+            "validation_config": validation_config,
+            "metadata": metadata,
+            "resume_from_checkpoint": resume_from_checkpoint,
+        }
         # Ray Train checks its own arguments when a TorchTrainer is built (and refuses some, e.g.
         # V2's DeprecationWarning for metadata and resume_from_checkpoint): build one now, on the
         # driver, so that its errors come before anything starts. fit() builds the one that runs.
-        TorchTrainer(train_loop_per_worker, train_loop_config=train_loop_config, torch_config=torch_config,
-                     scaling_config=self.scaling_config, run_config=self.run_config, datasets=datasets,
-                     **self.passed_through)
+        TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            torch_config=torch_config,
+            scaling_config=self.scaling_config,
+            run_config=self.run_config,
+            datasets=datasets,
+            **self.passed_through,
+        )
 
     def fit(self) -> RayOrmasResult:
         """Run the training; return Ray's Result with `.ormas` added.
@@ -279,34 +323,53 @@ class RayOrmasTrainer:
         if not ray.is_initialized():
             ray.init()
             shortfall = check_capacity(self.scaling_config)
-            if shortfall is not None:          # a cluster started here never grows: Ray Train would wait forever
+            if shortfall is not None:  # a cluster started here never grows: Ray Train would wait forever
                 ray.shutdown()
-                raise ValueError(f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
-                                 f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)")
+                raise ValueError(
+                    f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
+                    f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)"
+                )
         fit_id = uuid.uuid4().hex
         tracking = self._tracking_spec(fit_id)
         workers, local = self.world_size, self.scaling_config.num_workers == 0
-        fleet = None if self.fleet is None else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name,
-                                                          workers, self.strategy)
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)   # type: ignore[attr-defined]  # a Ray actor class
+        fleet = (
+            None
+            if self.fleet is None
+            else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name, workers, self.strategy)
+        )
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
         callback = LedgerCallback(ledger, tracking is not None)
-        plan = WorkerPlan(settings=self.settings, strategy=self.strategy, store=self.store,
-                          run_name=self.run_config.name, fit_id=fit_id, ledger=ledger, tracked=tracking is not None,
-                          fleet=fleet is not None, sync_batchnorm=self.sync_batchnorm, batch=self.batch,
-                          local_reports=callback if local else None,
-                          frameworks=self.frameworks)
+        plan = WorkerPlan(
+            settings=self.settings,
+            strategy=self.strategy,
+            store=self.store,
+            run_name=self.run_config.name,
+            fit_id=fit_id,
+            ledger=ledger,
+            tracked=tracking is not None,
+            fleet=fleet is not None,
+            sync_batchnorm=self.sync_batchnorm,
+            batch=self.batch,
+            local_reports=callback if local else None,
+            frameworks=self.frameworks,
+        )
         run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []), callback])
-        trainer = TorchTrainer(wrap_train_loop(self.train_loop_per_worker, plan),
-                               train_loop_config=self.train_loop_config or {}, torch_config=self.torch_config,
-                               scaling_config=self.scaling_config, run_config=run_config, datasets=self.datasets,
-                               **self.passed_through)
+        trainer = TorchTrainer(
+            wrap_train_loop(self.train_loop_per_worker, plan),
+            train_loop_config=self.train_loop_config or {},
+            torch_config=self.torch_config,
+            scaling_config=self.scaling_config,
+            run_config=run_config,
+            datasets=self.datasets,
+            **self.passed_through,
+        )
         try:
             with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
                 result = trainer.fit()
         except BaseException as e:
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
             interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
-            if local and not interrupted:   # the loop's own error, raised here unchanged: tell the ledger
+            if local and not interrupted:  # the loop's own error, raised here unchanged: tell the ledger
                 with contextlib.suppress(Exception):
                     ray.get(callback.forward_exception({0: e}), timeout=60)
             if not interrupted:
@@ -322,15 +385,17 @@ class RayOrmasTrainer:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
             staging_left = sweep(self.store, snapshot["staged"])
             fleet_summary = _finish_fleet(ledger)
-            outcome = self._finish_tracking(ledger, "FINISHED", None,
-                                            result.checkpoint.path if result.checkpoint else None)
+            outcome = self._finish_tracking(
+                ledger, "FINISHED", None, result.checkpoint.path if result.checkpoint else None
+            )
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
         run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left)
         if outcome is not None:
-            run = dataclasses.replace(run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri,
-                                      mlflow_complete=outcome.complete)
+            run = dataclasses.replace(
+                run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri, mlflow_complete=outcome.complete
+            )
         return RayOrmasResult(**fields, ormas=run)
 
     def _tracking_spec(self, fit_id: str) -> WriterSpec | None:
@@ -340,39 +405,61 @@ class RayOrmasTrainer:
             return None
         rc = self.run_config
         sc = self.scaling_config
-        params = {"train_loop_config": self.train_loop_config or {}, "monitor": self.settings.to_dict(),
-                  "strategy": self.strategy, "sync_batchnorm": self.sync_batchnorm, "batch": self.batch or {},
-                  "scaling": {"num_workers": sc.num_workers, "use_gpu": sc.use_gpu,
-                              "resources_per_worker": sc.resources_per_worker or {}},
-                  "ray_run_name": rc.name}
+        params = {
+            "train_loop_config": self.train_loop_config or {},
+            "monitor": self.settings.to_dict(),
+            "strategy": self.strategy,
+            "sync_batchnorm": self.sync_batchnorm,
+            "batch": self.batch or {},
+            "scaling": {
+                "num_workers": sc.num_workers,
+                "use_gpu": sc.use_gpu,
+                "resources_per_worker": sc.resources_per_worker or {},
+            },
+            "ray_run_name": rc.name,
+        }
         uri = absolute_store_uri(self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         settings = dataclasses.replace(self.mlflow, tracking_uri=uri)
-        return WriterSpec(settings=settings, store=self.store, fit_id=fit_id, run_name=rc.name, params=params,
-                          run_dir=self._run_dir(), environment=mlflow_environment())
+        return WriterSpec(
+            settings=settings,
+            store=self.store,
+            fit_id=fit_id,
+            run_name=rc.name,
+            params=params,
+            run_dir=self._run_dir(),
+            environment=mlflow_environment(),
+        )
 
     def _run_dir(self) -> str | None:
         """The run's folder when its storage is local (home of the embedded MLflow store)."""
         fs, base = resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
         return os.path.join(base, self.run_config.name) if isinstance(fs, pafs.LocalFileSystem) else None
 
-    def _finish_tracking(self, ledger: Any, status: str, error: BaseException | None,
-                         checkpoint: str | None) -> TrackingOutcome | None:
+    def _finish_tracking(
+        self, ledger: Any, status: str, error: BaseException | None, checkpoint: str | None
+    ) -> TrackingOutcome | None:
         """Close the run (FINISHED, FAILED or KILLED); say once if MLflow could not take it all."""
         s = self.mlflow
         if s is None:
             return None
         text = f"{type(error).__name__}: {error}" if error is not None else None
         try:
-            outcome = ray.get(ledger.finish_tracking.remote(status, text, checkpoint),
-                              timeout=FINISH_TIMEOUT_S + 30 * s.request_timeout_s)
-        except Exception as e:          # the ledger is gone or too slow: the journal and record remain
+            outcome = ray.get(
+                ledger.finish_tracking.remote(status, text, checkpoint),
+                timeout=FINISH_TIMEOUT_S + 30 * s.request_timeout_s,
+            )
+        except Exception as e:  # the ledger is gone or too slow: the journal and record remain
             outcome = TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {e}"[:300])
         if not outcome.complete:
-            logger.warning("[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
-                           "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
-                           "from the record when the tracker is back", outcome.run_id or "(not created yet)",
-                           shown(outcome.tracking_uri or s.tracking_uri or "MLflow"), outcome.error,
-                           self.store.shown())
+            logger.warning(
+                "[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
+                "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
+                "from the record when the tracker is back",
+                outcome.run_id or "(not created yet)",
+                shown(outcome.tracking_uri or s.tracking_uri or "MLflow"),
+                outcome.error,
+                self.store.shown(),
+            )
         return outcome
 
 
@@ -385,12 +472,16 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
     elif not isinstance(fleet, FleetSettings):
         raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
     elif workers == 1:
-        logger.warning("[ray-ormas] fleet health compares the ranks with each other; with one worker there is "
-                       "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)")
+        logger.warning(
+            "[ray-ormas] fleet health compares the ranks with each other; with one worker there is "
+            "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)"
+        )
         return None
     if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:
-        raise ValueError(f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
-                         f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)")
+        raise ValueError(
+            f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
+            f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)"
+        )
     return fleet
 
 
@@ -426,14 +517,14 @@ def _sweep_staging(ledger: Any, store: RecordStore) -> None:
     """After a failed fit: upload what rank 0 staged but could not upload (staging.py)."""
     try:
         sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
-    except Exception as e:      # only a courtesy on the way out: the training error propagates as it is
+    except Exception as e:  # only a courtesy on the way out: the training error propagates as it is
         logger.warning("[ray-ormas] could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
 
 
 def _finish_fleet(ledger: Any) -> FleetSummary | None:
     try:
         return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
-    except Exception as e:          # the record stays as written; training is not affected
+    except Exception as e:  # the record stays as written; training is not affected
         logger.warning("[ray-ormas] could not finish the fleet record (%s: %s)", type(e).__name__, e)
         return None
 
@@ -467,18 +558,29 @@ def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
     main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
     record_dir = store.local_path(main) if main is not None else None
     report = record_dir / "report.html" if record_dir is not None and final.get("ormas/report_path") else None
-    return OrmasRun(store=store, records=records, record_dir=record_dir, report=report, final=final,
-                    reports=reports, worker_errors=snapshot["exceptions"])
+    return OrmasRun(
+        store=store,
+        records=records,
+        record_dir=record_dir,
+        report=report,
+        final=final,
+        reports=reports,
+        worker_errors=snapshot["exceptions"],
+    )
 
 
 def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
     try:
         records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
-    except Exception:       # only a hint on the way out; the training error must propagate as it is
+    except Exception:  # only a hint on the way out; the training error must propagate as it is
         return
     for name, path in records.items():
-        logger.warning("[ray-ormas] training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
-                       "complete with the error in its run_end if rank 0 could close it)", name, store.shown(path))
+        logger.warning(
+            "[ray-ormas] training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
+            "complete with the error in its run_end if rank 0 could close it)",
+            name,
+            store.shown(path),
+        )
 
 
 def _check_loop(fn: Any) -> None:
@@ -490,16 +592,21 @@ def _check_loop(fn: Any) -> None:
         return
     required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) > 1 and len(required) > 1:
-        raise TypeError(f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
-                        f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}")
+        raise TypeError(
+            f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
+            f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}"
+        )
 
 
 def _unknown_options(unknown: dict[str, Any]) -> str:
-    options = [p.name for p in inspect.signature(RayOrmasTrainer.__init__).parameters.values()
-               if p.kind is p.KEYWORD_ONLY]
+    options = [
+        p.name for p in inspect.signature(RayOrmasTrainer.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY
+    ]
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, options, n=1)
         parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return (f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(options)}; the "
-            f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)")
+    return (
+        f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(options)}; the "
+        f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)"
+    )

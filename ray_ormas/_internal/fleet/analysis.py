@@ -23,6 +23,7 @@ Per check, once every rank's facts are in (work and output linear in the number 
   the layers. One alarm per episode.
 * **Loss**: the mean of the ranks' finite losses, beside rank 0's.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,20 +33,21 @@ from typing import Any
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 
-KEEP_PENDING_CHECKS = 8     # checks waiting for missing ranks are dropped beyond this many
+KEEP_PENDING_CHECKS = 8  # checks waiting for missing ranks are dropped beyond this many
 
 
 @dataclass
 class _RankState:
     best_busy: float | None = None
-    streak: int = 0             # slow checks in a row
-    fast_streak: int = 0        # checks in a row that were not slow
+    streak: int = 0  # slow checks in a row
+    fast_streak: int = 0  # checks in a row that were not slow
     alarmed: bool = False
 
 
 @dataclass
 class CheckOutcome:
     """What one complete check produced: one row per rank, the alarms, the fleet's loss."""
+
     attempt: int
     check: int
     step: int
@@ -63,7 +65,7 @@ class FleetAnalyzer:
 
     settings: FleetSettings
     world: int
-    compare_digests: bool                   # DDP: replicas must agree
+    compare_digests: bool  # DDP: replicas must agree
     _pending: dict[tuple[int, int], dict[int, dict[str, Any]]] = field(default_factory=dict)
     _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
     _offsets: dict[int, int] = field(default_factory=dict)
@@ -96,11 +98,23 @@ class FleetAnalyzer:
     def _evaluate(self, attempt: int, check: int, facts: list[dict[str, Any]]) -> CheckOutcome:
         step = int(facts[0]["step"])
         run_step = step + self._offsets.get(attempt, 0)
-        rows = [{"rank": f["rank"], "node": f.get("node"), "data_s": f.get("data_s"),
-                 "forward_s": f.get("forward_s"), "wall_s": f.get("wall_s"), "loss": f.get("loss"),
-                 "nonfinite": bool(f.get("nonfinite_loss") or f.get("nonfinite_layers")),
-                 "digest": f.get("digest"), "relative_score": None, "individual_score": None,
-                 "slow": False, "slow_in": None} for f in facts]
+        rows = [
+            {
+                "rank": f["rank"],
+                "node": f.get("node"),
+                "data_s": f.get("data_s"),
+                "forward_s": f.get("forward_s"),
+                "wall_s": f.get("wall_s"),
+                "loss": f.get("loss"),
+                "nonfinite": bool(f.get("nonfinite_loss") or f.get("nonfinite_layers")),
+                "digest": f.get("digest"),
+                "relative_score": None,
+                "individual_score": None,
+                "slow": False,
+                "slow_in": None,
+            }
+            for f in facts
+        ]
         alarms: list[dict[str, Any]] = []
         where = {"attempt": attempt, "check": check, "step": step, "run_step": run_step}
         if check > 0:
@@ -110,10 +124,17 @@ class FleetAnalyzer:
         alarms += self._nonfinite_alarm(facts, where)
         losses = [r["loss"] for r in rows if isinstance(r["loss"], float) and _finite(r["loss"])]
         scores = [r["relative_score"] for r in rows if r["relative_score"] is not None]
-        return CheckOutcome(attempt=attempt, check=check, step=step, run_step=run_step, ranks=rows, alarms=alarms,
-                            loss_mean=statistics.fmean(losses) if losses else None,
-                            loss_rank0=rows[0]["loss"] if rows and rows[0]["rank"] == 0 else None,
-                            min_score=min(scores) if scores else None)
+        return CheckOutcome(
+            attempt=attempt,
+            check=check,
+            step=step,
+            run_step=run_step,
+            ranks=rows,
+            alarms=alarms,
+            loss_mean=statistics.fmean(losses) if losses else None,
+            loss_rank0=rows[0]["loss"] if rows and rows[0]["rank"] == 0 else None,
+            min_score=min(scores) if scores else None,
+        )
 
     def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
         busy = [_busy(r) for r in rows]
@@ -139,8 +160,12 @@ class FleetAnalyzer:
             data_excess = (r["data_s"] or 0.0) - _median_without(data, r["data_s"] or 0.0)
             forward_excess = (r["forward_s"] or 0.0) - _median_without(forward, r["forward_s"] or 0.0)
             slow_in = "data" if data_excess >= forward_excess else "compute"
-            r.update(relative_score=round(relative, 4), individual_score=round(individual, 4), slow=slow,
-                     slow_in=slow_in if slow else None)
+            r.update(
+                relative_score=round(relative, 4),
+                individual_score=round(individual, 4),
+                slow=slow,
+                slow_in=slow_in if slow else None,
+            )
             state.streak = state.streak + 1 if slow else 0
             state.fast_streak = 0 if slow else state.fast_streak + 1
             if slow and state.streak == self.settings.slow_checks and not state.alarmed:
@@ -148,18 +173,33 @@ class FleetAnalyzer:
                 what = "data loading" if slow_in == "data" else "compute (forward pass)"
                 component = r["data_s"] if slow_in == "data" else r["forward_s"]
                 reference = _median_without(data if slow_in == "data" else forward, component or 0.0)
-                alarms.append({**where, "kind": "straggler", "ranks": [r["rank"]], "node": r["node"],
-                               "slow_in": slow_in, "relative_score": r["relative_score"],
-                               "individual_score": r["individual_score"],
-                               "message": f"rank {r['rank']} on node {r['node']} is slow in {what} for "
-                                          f"{state.streak} checks: {_ms(component)} against the other ranks' "
-                                          f"{_ms(reference)} (straggler score {relative:.2f})"})
+                alarms.append(
+                    {
+                        **where,
+                        "kind": "straggler",
+                        "ranks": [r["rank"]],
+                        "node": r["node"],
+                        "slow_in": slow_in,
+                        "relative_score": r["relative_score"],
+                        "individual_score": r["individual_score"],
+                        "message": f"rank {r['rank']} on node {r['node']} is slow in {what} for "
+                        f"{state.streak} checks: {_ms(component)} against the other ranks' "
+                        f"{_ms(reference)} (straggler score {relative:.2f})",
+                    }
+                )
             elif state.alarmed and state.fast_streak == self.settings.slow_checks:
                 # The same N both ways: one noisy check on a loaded node neither raises nor ends an episode.
                 state.alarmed = False
-                alarms.append({**where, "kind": "straggler_recovered", "ranks": [r["rank"]], "node": r["node"],
-                               "message": f"rank {r['rank']} on node {r['node']} is no longer slow for "
-                                          f"{state.fast_streak} checks (straggler score {relative:.2f})"})
+                alarms.append(
+                    {
+                        **where,
+                        "kind": "straggler_recovered",
+                        "ranks": [r["rank"]],
+                        "node": r["node"],
+                        "message": f"rank {r['rank']} on node {r['node']} is no longer slow for "
+                        f"{state.fast_streak} checks (straggler score {relative:.2f})",
+                    }
+                )
         return alarms
 
     def _divergence(self, attempt: int, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,8 +209,15 @@ class FleetAnalyzer:
         if len(groups) <= 1:
             if self._diverged:
                 self._diverged = False
-                return [{**where, "kind": "divergence_resolved", "ranks": [], "node": None,
-                         "message": "the replicas' parameters agree again"}]
+                return [
+                    {
+                        **where,
+                        "kind": "divergence_resolved",
+                        "ranks": [],
+                        "node": None,
+                        "message": "the replicas' parameters agree again",
+                    }
+                ]
             return []
         if self._diverged:
             return []
@@ -182,10 +229,18 @@ class FleetAnalyzer:
         layer = self._first_difference(attempt, by_rank[groups[majority][0]], by_rank[odd[0]])
         nodes = sorted({str(by_rank[r].get("node")) for r in odd})
         at = f", first in {layer}" if layer else ""
-        return [{**where, "kind": "divergence", "ranks": odd, "node": ",".join(nodes), "layer": layer,
-                 "message": f"rank(s) {odd} hold parameters that differ from the other replicas' at step "
-                            f"{where['run_step']}{at}: DDP keeps replicas identical, so something changed them "
-                            f"outside the all-reduced update (a per-rank edit, a missed broadcast, nondeterminism)"}]
+        return [
+            {
+                **where,
+                "kind": "divergence",
+                "ranks": odd,
+                "node": ",".join(nodes),
+                "layer": layer,
+                "message": f"rank(s) {odd} hold parameters that differ from the other replicas' at step "
+                f"{where['run_step']}{at}: DDP keeps replicas identical, so something changed them "
+                f"outside the all-reduced update (a per-rank edit, a missed broadcast, nondeterminism)",
+            }
+        ]
 
     def _first_difference(self, attempt: int, a: dict[str, Any], b: dict[str, Any]) -> str | None:
         names = self._group_names.get(attempt)
@@ -213,16 +268,33 @@ class FleetAnalyzer:
         nodes = sorted({str(f.get("node")) for f in culprits})
         detail = f"; non-finite gradients in {', '.join(layers)}" if layers else ""
         everyone = " (every rank)" if len(ranks) == len(facts) and len(facts) > 1 else ""
-        return [{**where, "kind": "nonfinite", "ranks": ranks, "node": ",".join(nodes), "source": source,
-                 "layer": layers[0] if layers else None, "layers": layers,
-                 "message": f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}"}]
+        return [
+            {
+                **where,
+                "kind": "nonfinite",
+                "ranks": ranks,
+                "node": ",".join(nodes),
+                "source": source,
+                "layer": layers[0] if layers else None,
+                "layers": layers,
+                "message": f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}",
+            }
+        ]
 
 
 def hang_alarm(attempt: int, error: str, ranks: list[int]) -> dict[str, Any]:
     """A fleet alarm for Ray Train's NCCL hang detector (an `NCCLHangError`)."""
-    return {"attempt": attempt, "check": None, "step": None, "run_step": None, "kind": "nccl_hang", "ranks": ranks,
-            "node": None, "message": f"Ray Train's NCCL hang detector stopped the worker group: {error}"[:2000],
-            "time": time.time()}
+    return {
+        "attempt": attempt,
+        "check": None,
+        "step": None,
+        "run_step": None,
+        "kind": "nccl_hang",
+        "ranks": ranks,
+        "node": None,
+        "message": f"Ray Train's NCCL hang detector stopped the worker group: {error}"[:2000],
+        "time": time.time(),
+    }
 
 
 def _busy(row: dict[str, Any]) -> float | None:
@@ -235,13 +307,15 @@ def _busy(row: dict[str, Any]) -> float | None:
 def _median_without(sorted_values: list[float], value: float) -> float:
     """The median of `sorted_values` with one occurrence of `value` left out, in O(log n)."""
     import bisect
+
     n = len(sorted_values)
     if n <= 1:
         return value
     p = bisect.bisect_left(sorted_values, value)
 
-    def rest(i: int) -> float:                  # element i of the list without position p
+    def rest(i: int) -> float:  # element i of the list without position p
         return sorted_values[i] if i < p else sorted_values[i + 1]
+
     m = n - 1
     return rest(m // 2) if m % 2 else (rest(m // 2 - 1) + rest(m // 2)) / 2
 

@@ -8,6 +8,7 @@ differs between two replicas changes it (barring a checksum collision, which no 
 produces); it is not a cryptographic hash of the weights. Under FSDP2 each rank digests its own
 shards, so the digests differ between ranks by design. torch only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,7 +28,7 @@ def parameter_checksums(model: nn.Module, *, gradient_flags: bool = False) -> tu
     labels, sums = [], []
     for name, p in model.named_parameters():
         t = p.detach()
-        if callable(getattr(t, "to_local", None)):     # FSDP2 (DTensor): this rank's shard
+        if callable(getattr(t, "to_local", None)):  # FSDP2 (DTensor): this rank's shard
             t = t.to_local()
         if t.is_complex():
             t = torch.view_as_real(t)

@@ -13,6 +13,7 @@ and reported in the summary.
 
 Hooks relied on: the ledger's actor calls (ledger.py) and what the modules above rely on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,9 +21,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm
 from ray_ormas._internal.common.fleet_settings import FleetSettings
-from ray_ormas._internal.record.fleet_record import CHECK_FIELDS, FleetRecordWriter, FleetSummary, fleet_summary, mlflow_entries, read_fleet
+from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm
+from ray_ormas._internal.record.fleet_record import (
+    CHECK_FIELDS,
+    FleetRecordWriter,
+    FleetSummary,
+    fleet_summary,
+    mlflow_entries,
+    read_fleet,
+)
 from ray_ormas._internal.record.store import RecordStore
 
 logger = logging.getLogger("ray_ormas.fleet")
@@ -32,6 +40,7 @@ HANG_ERROR = "NCCLHangError"
 @dataclass(frozen=True)
 class FleetSpec:
     """What the driver gives the head's fleet view."""
+
     settings: FleetSettings
     store: RecordStore
     fit_id: str
@@ -47,15 +56,25 @@ class FleetHead:
         s = spec.settings
         self._spec = spec
         self._analyzer = FleetAnalyzer(s, spec.world, compare_digests=s.divergence and spec.strategy == "ddp")
-        self._record = FleetRecordWriter(spec.store, spec.fit_id, {
-            "format": "ray-ormas-fleet", "fit_id": spec.fit_id, "run_name": spec.run_name, "world_size": spec.world,
-            "strategy": spec.strategy, "settings": s.to_dict()})
+        self._record = FleetRecordWriter(
+            spec.store,
+            spec.fit_id,
+            {
+                "format": "ray-ormas-fleet",
+                "fit_id": spec.fit_id,
+                "run_name": spec.run_name,
+                "world_size": spec.world,
+                "strategy": spec.strategy,
+                "settings": s.to_dict(),
+            },
+        )
         self._gauges = None
         if s.ray_metrics:
             try:
                 from ray_ormas._internal.head.fleet_metrics import FleetGauges
+
                 self._gauges = FleetGauges(spec.run_name)
-            except Exception as e:      # Ray's metrics unavailable: the record and MLflow still get it all
+            except Exception as e:  # Ray's metrics unavailable: the record and MLflow still get it all
                 logger.warning("[ray-ormas] fleet metrics are off: %s: %s", type(e).__name__, e)
         self._tracking = tracking
         self._head_s = 0.0
@@ -68,20 +87,25 @@ class FleetHead:
 
     def facts(self, attempt: int, facts: dict[str, Any]) -> None:
         """One rank's facts at one check (fleet_probe.py)."""
-        started = time.thread_time()        # CPU time: what the head spends, not how busy the node is
+        started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
             outcome = self._analyzer.add(attempt, facts)
             if outcome is None:
                 return
             now = round(time.time(), 3)
-            where = {"attempt": outcome.attempt, "check": outcome.check, "step": outcome.step,
-                     "run_step": outcome.run_step, "time": now}
+            where = {
+                "attempt": outcome.attempt,
+                "check": outcome.check,
+                "step": outcome.step,
+                "run_step": outcome.run_step,
+                "time": now,
+            }
             lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
             alarms = [{**a, "time": now} for a in outcome.alarms]
             self._last_run_step = outcome.run_step
             self._complete += 1
             self._emit(lines, alarms, outcome.loss_mean)
-        except Exception as e:          # a malformed fact must not take the ledger down
+        except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("[ray-ormas] fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
         finally:
             self._head_s += time.thread_time() - started
@@ -94,7 +118,7 @@ class FleetHead:
 
     def hang(self, attempt: int, error: str, ranks: list[int]) -> None:
         if self._hangs_seen and not ranks:
-            return                      # the same hang, seen again as the fit's own error
+            return  # the same hang, seen again as the fit's own error
         self._hangs_seen = True
         alarm = {**hang_alarm(attempt, error, ranks), "run_step": self._last_run_step}
         self._emit([], [alarm], None)

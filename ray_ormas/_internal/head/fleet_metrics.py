@@ -14,6 +14,7 @@ metrics disabled, an exporter error) is logged once and never reaches training.
 
 Hooks relied on: `ray.util.metrics.Gauge` / `Counter` (`set` / `inc` with tags).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,14 +34,24 @@ class FleetGauges:
 
     def __init__(self, run: str) -> None:
         from ray.util.metrics import Counter, Gauge
+
         self._run = run
         self._failed = False
-        self._score = Gauge(SCORE, description="ray-ormas straggler score per rank (1 = as fast as the others / "
-                            "as its own best)", tag_keys=("run", "rank", "node", "score"))
-        self._seconds = Gauge(SECONDS, description="ray-ormas per-rank time at the last check, by phase",
-                              tag_keys=("run", "rank", "node", "phase"))
-        self._loss = Gauge(LOSS, description="ray-ormas per-rank loss at the last check, and the fleet's mean",
-                           tag_keys=("run", "rank"))
+        self._score = Gauge(
+            SCORE,
+            description="ray-ormas straggler score per rank (1 = as fast as the others / as its own best)",
+            tag_keys=("run", "rank", "node", "score"),
+        )
+        self._seconds = Gauge(
+            SECONDS,
+            description="ray-ormas per-rank time at the last check, by phase",
+            tag_keys=("run", "rank", "node", "phase"),
+        )
+        self._loss = Gauge(
+            LOSS,
+            description="ray-ormas per-rank loss at the last check, and the fleet's mean",
+            tag_keys=("run", "rank"),
+        )
         self._alarms = Counter(ALARMS, description="ray-ormas fleet alarms, by kind", tag_keys=("run", "kind"))
 
     def update(self, ranks: list[dict[str, Any]], loss_mean: float | None, alarms: list[dict[str, Any]]) -> None:
@@ -60,7 +71,7 @@ class FleetGauges:
                 self._loss.set(loss_mean, tags={"run": self._run, "rank": "mean"})
             for a in alarms:
                 self._alarms.inc(1, tags={"run": self._run, "kind": a["kind"]})
-        except Exception as e:          # telemetry never breaks training
+        except Exception as e:  # telemetry never breaks training
             if not self._failed:
                 logger.warning("[ray-ormas] could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
             self._failed = True

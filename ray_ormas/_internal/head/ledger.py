@@ -35,6 +35,7 @@ so that losing a worker node never takes the ledger along), lives as long as the
 handle, and is killed by the trainer when `fit()` ends. Rank 0 also checks in at the ledger at
 the start of each worker-group attempt (`begin_attempt`), which numbers the attempts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,6 +45,7 @@ from typing import Any
 import ray
 
 from ray_ormas._internal.common.meetings import Arrival
+
 
 @dataclass
 class _Meeting:
@@ -58,18 +60,20 @@ class RunLedger:
     def __init__(self, world_size: int, tracking: Any = None, fleet: Any = None) -> None:
         self._world = world_size
         self._tracking = None
-        if tracking is not None:                # a WriterSpec: the fit is tracked in MLflow
+        if tracking is not None:  # a WriterSpec: the fit is tracked in MLflow
             from ray_ormas._internal.head.mlflow_writer import TrackingWriter
+
             self._tracking = TrackingWriter(tracking)
         self._fleet = None
-        if fleet is not None:                   # a FleetSpec: fleet health is on (fleet_head.py)
+        if fleet is not None:  # a FleetSpec: fleet health is on (fleet_head.py)
             from ray_ormas._internal.head.fleet_head import FleetHead
+
             self._fleet = FleetHead(fleet, self._tracking)
         self._meetings: dict[tuple[str, int], _Meeting] = {}
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
         self._records: dict[str, str] = {}
-        self._staged: list[Any] = []            # staging.Staging of every segment on object storage
+        self._staged: list[Any] = []  # staging.Staging of every segment on object storage
         self._rank0_closing: dict[str, asyncio.Event] = {}
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
@@ -102,8 +106,9 @@ class RunLedger:
             return None
         return await asyncio.to_thread(self._fleet.finish)
 
-    async def arrive(self, token: str, seq: int, rank: int, kind: str, step: int,
-                     checkpoint: bool = False) -> dict[int, Arrival]:
+    async def arrive(
+        self, token: str, seq: int, rank: int, kind: str, step: int, checkpoint: bool = False
+    ) -> dict[int, Arrival]:
         """Wait until every rank has arrived at meeting (token, seq); return what each said."""
         m = self._meetings.setdefault((token, seq), _Meeting())
         m.arrivals[rank] = Arrival(kind, step, checkpoint)
@@ -156,8 +161,12 @@ class RunLedger:
         self._staged = [s for s in self._staged if s.segment_path != segment_path]
 
     def snapshot(self) -> dict[str, Any]:
-        return {"reports": self._reports, "exceptions": self._exceptions, "records": dict(self._records),
-                "staged": list(self._staged)}
+        return {
+            "reports": self._reports,
+            "exceptions": self._exceptions,
+            "records": dict(self._records),
+            "staged": list(self._staged),
+        }
 
     # -------------------------------------------------------------- MLflow (mlflow_writer.py)
     def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
@@ -169,7 +178,7 @@ class RunLedger:
             self._tracking.attempt_started(attempt, offset)
 
     async def track_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any) -> None:
-        if self._tracking is not None:          # writes the journal to storage: off the event loop
+        if self._tracking is not None:  # writes the journal to storage: off the event loop
             await asyncio.to_thread(self._tracking.loop_report, metrics, step, checkpoint)
 
     def track_attempt_end(self) -> None:

@@ -11,6 +11,7 @@ Kept apart from ledger.py so that the ledger actor's process does not import Ray
 
 Hooks relied on: `ray.train.UserCallback.after_report` / `after_exception`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -29,8 +30,7 @@ class LedgerCallback(UserCallback):
         self._ledger = ledger
         self._tracked = tracked
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
-                     checkpoint: Checkpoint | None) -> None:
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         self.forward_report(metrics, checkpoint)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
@@ -42,19 +42,27 @@ class LedgerCallback(UserCallback):
         own calls)."""
         refs = []
         if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
-            refs.append(self._ledger.add_report.remote([{k: v for k, v in m.items() if k.startswith("ormas/")}
-                                                        for m in metrics]))
+            refs.append(
+                self._ledger.add_report.remote(
+                    [{k: v for k, v in m.items() if k.startswith("ormas/")} for m in metrics]
+                )
+            )
             rank0 = metrics[0]
             if self._tracked and rank0.get("ormas/kind") == "user":
-                refs.append(self._ledger.track_report.remote(
-                    {k: v for k, v in rank0.items() if not k.startswith("ormas/")}, rank0.get("ormas/run_step"),
-                    checkpoint))
+                refs.append(
+                    self._ledger.track_report.remote(
+                        {k: v for k, v in rank0.items() if not k.startswith("ormas/")},
+                        rank0.get("ormas/run_step"),
+                        checkpoint,
+                    )
+                )
         return refs
 
     def forward_exception(self, worker_exceptions: Mapping[int, BaseException]) -> list[Any]:
         """What `after_exception` sends; returns the calls' refs."""
-        refs = [self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}"
-                                                   for r, e in worker_exceptions.items()})]
+        refs = [
+            self._ledger.add_exception.remote({r: f"{type(e).__name__}: {e}" for r, e in worker_exceptions.items()})
+        ]
         if self._tracked:
             refs.append(self._ledger.track_attempt_end.remote())
         return refs

@@ -24,6 +24,7 @@ Hooks relied on: `MlflowClient`, a thread of its own in the ledger actor, and th
 environment variables handed to the ledger's constructor (so only the driver and the head node
 hold them).
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,10 +42,18 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from ray_ormas._internal.tracking.sync import Entry, new_journal, open_run, send_entries, sync_fit, upload_folder, write_journal
+from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.store import RecordStore
-from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.tracking.sync import (
+    Entry,
+    new_journal,
+    open_run,
+    send_entries,
+    sync_fit,
+    upload_folder,
+    write_journal,
+)
 from ray_ormas._internal.tracking.values import embedded_uri, first_line, loop_metrics, quick_requests, shown
 
 logger = logging.getLogger("ray_ormas.mlflow")
@@ -54,23 +63,25 @@ BACKOFF_S = (1, 2, 4, 8, 16, 30)
 @dataclass(frozen=True)
 class WriterSpec:
     """What the driver gives the writer."""
+
     settings: MLflowSettings
     store: RecordStore
     fit_id: str
     run_name: str
     params: dict[str, Any]
-    run_dir: str | None              # the run's folder when its storage is local (the embedded store's home)
-    environment: dict[str, str]      # MLflow's variables from the driver's environment
+    run_dir: str | None  # the run's folder when its storage is local (the embedded store's home)
+    environment: dict[str, str]  # MLflow's variables from the driver's environment
 
 
 @dataclass(frozen=True)
 class TrackingOutcome:
     """What the writer says when the fit ends."""
+
     run_id: str | None
     tracking_uri: str | None
-    complete: bool                   # MLflow holds everything the record and the journal hold
+    complete: bool  # MLflow holds everything the record and the journal hold
     error: str | None = None
-    pending: int = 0                 # metric values the run still lacks (then `ray-ormas mlflow-sync`)
+    pending: int = 0  # metric values the run still lacks (then `ray-ormas mlflow-sync`)
 
 
 class TrackingWriter:
@@ -82,18 +93,26 @@ class TrackingWriter:
         quick_requests(s.request_timeout_s)
         self._spec = spec
         self._uri = s.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri(spec.run_dir)
-        self._journal = new_journal(fit_id=spec.fit_id, run_name=spec.run_name, tracking_uri=self._uri,
-                                    experiment=s.experiment_name, mlflow_run_name=s.run_name or spec.run_name,
-                                    tags=dict(s.tags), params=spec.params, run_id=s.run_id,
-                                    log_checkpoints=s.log_checkpoints, checkpoint_metric=s.checkpoint_metric,
-                                    checkpoint_mode=s.checkpoint_mode)
-        self._lock = threading.Lock()           # journal, outbox, tasks: held briefly, never during I/O
-        self._io = threading.Lock()             # one sender at a time: the thread, or finish()
-        self._journal_io = threading.Lock()     # one journal write at a time, each of the newest state
+        self._journal = new_journal(
+            fit_id=spec.fit_id,
+            run_name=spec.run_name,
+            tracking_uri=self._uri,
+            experiment=s.experiment_name,
+            mlflow_run_name=s.run_name or spec.run_name,
+            tags=dict(s.tags),
+            params=spec.params,
+            run_id=s.run_id,
+            log_checkpoints=s.log_checkpoints,
+            checkpoint_metric=s.checkpoint_metric,
+            checkpoint_mode=s.checkpoint_mode,
+        )
+        self._lock = threading.Lock()  # journal, outbox, tasks: held briefly, never during I/O
+        self._io = threading.Lock()  # one sender at a time: the thread, or finish()
+        self._journal_io = threading.Lock()  # one journal write at a time, each of the newest state
         self._outbox: deque[tuple[Entry, int]] = deque()
-        self._tasks: deque[int] = deque()       # attempts whose end asks for a sync
-        self._raw: deque[tuple[str, int, str, dict[str, Any], int]] = deque()   # rows not yet named
-        self._uploads: deque[tuple[Path, str]] = deque()   # staged checkpoints (log_checkpoints="all")
+        self._tasks: deque[int] = deque()  # attempts whose end asks for a sync
+        self._raw: deque[tuple[str, int, str, dict[str, Any], int]] = deque()  # rows not yet named
+        self._uploads: deque[tuple[Path, str]] = deque()  # staged checkpoints (log_checkpoints="all")
         self._namings: dict[str, Any] = {}
         self._dropped = 0
         self._attempt = 0
@@ -103,7 +122,7 @@ class TrackingWriter:
         self._outage: str | None = None
         self._journal_failed = False
         self._wake = threading.Event()
-        self._training = threading.Event()     # set by the first check, report, failed attempt or finish
+        self._training = threading.Event()  # set by the first check, report, failed attempt or finish
         self._save_journal()
         threading.Thread(target=self._run, name="ray-ormas-mlflow", daemon=True).start()
 
@@ -113,12 +132,12 @@ class TrackingWriter:
         Named (ormas-monitor's MLflowSink, which imports mlflow) by the sender thread, later."""
         with self._lock:
             if self._closed:
-                return                          # the final sync takes it from the record
+                return  # the final sync takes it from the record
             self._raw.append((prefix, offset, kind, payload, int(time.time() * 1000)))
             while len(self._raw) > self._spec.settings.max_pending:
                 self._raw.popleft()
                 self._dropped += 1
-        if kind == "metrics":                   # the first check: training has started
+        if kind == "metrics":  # the first check: training has started
             self._training.set()
 
     def fleet(self, entries: list[Entry]) -> None:
@@ -144,7 +163,7 @@ class TrackingWriter:
             except Exception:
                 pointer = None
             if self._spec.settings.log_checkpoints == "all":
-                staged = _stage(checkpoint)       # now, before num_to_keep can delete it
+                staged = _stage(checkpoint)  # now, before num_to_keep can delete it
         with self._lock:
             j = self._journal
             if step is None:
@@ -153,8 +172,9 @@ class TrackingWriter:
             j["skipped_metrics"] = sorted(set(j["skipped_metrics"]) | set(skipped))
             entries = [(k, v, int(step)) for k, v in kept.items()]
             if checkpoint is not None:
-                j["checkpoints"].append({"step": int(step), "path": checkpoint.path, "record": pointer,
-                                         "metrics": kept})
+                j["checkpoints"].append(
+                    {"step": int(step), "path": checkpoint.path, "record": pointer, "metrics": kept}
+                )
                 entries.append(("ormas/checkpoint", 1.0, int(step)))
                 if staged is not None:
                     self._uploads.append((staged, posixpath.basename(checkpoint.path.rstrip("/"))))
@@ -178,16 +198,20 @@ class TrackingWriter:
             self._closed = True
             self._journal.update(status=status, error=error, final_checkpoint=final_checkpoint)
         self._save_journal()
-        self._training.set()                    # a sender still waiting for training: let it end
+        self._training.set()  # a sender still waiting for training: let it end
         with self._io:
             try:
                 result = self._flush(sync_up_to=None, finished=True)
                 return TrackingOutcome(result.run_id if result else None, self._uri, complete=True)
             except Exception as e:
-                return TrackingOutcome(self._journal.get("run_id"), self._uri, complete=False,
-                                       error=f"{type(e).__name__}: {first_line(e)}",
-                                       pending=len(self._outbox) + len(self._raw) + self._dropped)
-            finally:                            # staged copies never outlive the fit (see mlflow.md)
+                return TrackingOutcome(
+                    self._journal.get("run_id"),
+                    self._uri,
+                    complete=False,
+                    error=f"{type(e).__name__}: {first_line(e)}",
+                    pending=len(self._outbox) + len(self._raw) + self._dropped,
+                )
+            finally:  # staged copies never outlive the fit (see mlflow.md)
                 for staged, _ in self._uploads:
                     shutil.rmtree(staged, ignore_errors=True)
 
@@ -204,7 +228,8 @@ class TrackingWriter:
         # started: the workers' start-up must not share the head node's CPU with it.
         self._training.wait()
         _yield_cpu_to_training()
-        from ray_ormas._internal.seams.ormas import OrmasCompatError     # torch and ormas-monitor: only now
+        from ray_ormas._internal.seams.ormas import OrmasCompatError  # torch and ormas-monitor: only now
+
         failures = 0
         while True:
             self._wake.wait(timeout=BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] if failures else 1.0)
@@ -219,21 +244,26 @@ class TrackingWriter:
                     if task is not None:
                         with self._lock:
                             self._tasks.popleft()
-                except OrmasCompatError as e:       # not an outage: say it loudly, once, and stop
+                except OrmasCompatError as e:  # not an outage: say it loudly, once, and stop
                     logger.error("[ray-ormas] MLflow tracking stopped: %s", e)
                     return
                 except Exception as e:
                     failures += 1
                     if self._outage is None:
                         self._outage = f"{type(e).__name__}: {first_line(e)}"
-                        logger.warning("[ray-ormas] MLflow at %s is unreachable (%s); training goes on, rows wait "
-                                       "on the head node (up to %d values; the record keeps all) and are sent "
-                                       "when it answers", shown(self._uri), self._outage,
-                                       self._spec.settings.max_pending)
+                        logger.warning(
+                            "[ray-ormas] MLflow at %s is unreachable (%s); training goes on, rows wait "
+                            "on the head node (up to %d values; the record keeps all) and are sent "
+                            "when it answers",
+                            shown(self._uri),
+                            self._outage,
+                            self._spec.settings.max_pending,
+                        )
                     continue
                 if self._outage is not None:
-                    logger.warning("[ray-ormas] MLflow at %s answers again; the rows that waited are sent",
-                                   shown(self._uri))
+                    logger.warning(
+                        "[ray-ormas] MLflow at %s answers again; the rows that waited are sent", shown(self._uri)
+                    )
                     self._outage = None
                 failures = 0
 
@@ -247,7 +277,7 @@ class TrackingWriter:
             batch = list(self._outbox)
             journal = self._snapshot()
         for i in range(0, len(batch), 1000):
-            chunk = batch[i:i + 1000]
+            chunk = batch[i : i + 1000]
             send_entries(client, journal["run_id"], [e for e, _ in chunk], [t for _, t in chunk])
             with self._lock:
                 for _ in chunk:
@@ -274,7 +304,7 @@ class TrackingWriter:
                     return
                 prefix, offset, kind, payload, stamp = self._raw.popleft()
             naming = self._namings.get(prefix)
-            if naming is None:                  # imports mlflow; an OrmasCompatError is loud, at once
+            if naming is None:  # imports mlflow; an OrmasCompatError is loud, at once
                 naming = self._namings[prefix] = _naming(prefix)
             entries = naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset})
             with self._lock:
@@ -287,6 +317,7 @@ class TrackingWriter:
         """The client, with the run open (created once, its id in the journal)."""
         if self._client is None:
             from mlflow import MlflowClient
+
             self._client = MlflowClient(tracking_uri=self._uri)
         if not self._opened:
             with self._lock:
@@ -313,11 +344,16 @@ class TrackingWriter:
     def _write(self, journal: dict[str, Any]) -> None:
         try:
             write_journal(self._spec.store, journal)
-        except Exception as e:                  # storage trouble is the record's to report; MLflow goes on
+        except Exception as e:  # storage trouble is the record's to report; MLflow goes on
             if not self._journal_failed:
                 self._journal_failed = True
-                logger.warning("[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
-                               "reach MLflow only from memory", self._spec.store.shown(), type(e).__name__, e)
+                logger.warning(
+                    "[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
+                    "reach MLflow only from memory",
+                    self._spec.store.shown(),
+                    type(e).__name__,
+                    e,
+                )
 
 
 def _yield_cpu_to_training() -> None:
@@ -325,7 +361,7 @@ def _yield_cpu_to_training() -> None:
     the head node also trains, as on one machine, MLflow work never competes with a worker."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):       # not Linux, or not allowed: run at normal priority
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
         pass
 
 
@@ -333,16 +369,22 @@ def _stage(checkpoint: Any) -> Path | None:
     """A local copy of a reported checkpoint (on the head node), to upload when MLflow can take it."""
     staged = Path(tempfile.mkdtemp(prefix="ray-ormas-checkpoint-"))
     try:
-        pafs.copy_files(checkpoint.path, str(staged), source_filesystem=checkpoint.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(
+            checkpoint.path,
+            str(staged),
+            source_filesystem=checkpoint.filesystem,
+            destination_filesystem=pafs.LocalFileSystem(),
+        )
     except Exception as e:
         shutil.rmtree(staged, ignore_errors=True)
-        logger.warning("[ray-ormas] could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path,
-                       type(e).__name__, e)
+        logger.warning(
+            "[ray-ormas] could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path, type(e).__name__, e
+        )
         return None
     return staged
 
 
 def _naming(prefix: str) -> Any:
-    from ray_ormas._internal.seams.ormas import MetricNaming          # imports mlflow (through ormas-monitor's MLflowSink)
+    from ray_ormas._internal.seams.ormas import MetricNaming  # imports mlflow (through ormas-monitor's MLflowSink)
+
     return MetricNaming(prefix)

@@ -15,6 +15,7 @@ one fit's lines into the per-rank table of `result.ormas.fleet` and of `ray-orma
 
 Hooks relied on: `RecordStore` (pyarrow.fs) only.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,20 @@ from ray_ormas._internal.record.uploads import IncrementalUpload
 
 FLEET_DIR = "fleet"
 UPLOAD_EVERY_S = 10.0
-CHECK_FIELDS = ("rank", "node", "data_s", "forward_s", "wall_s", "loss", "nonfinite", "digest", "relative_score",
-                "individual_score", "slow", "slow_in")
+CHECK_FIELDS = (
+    "rank",
+    "node",
+    "data_s",
+    "forward_s",
+    "wall_s",
+    "loss",
+    "nonfinite",
+    "digest",
+    "relative_score",
+    "individual_score",
+    "slow",
+    "slow_in",
+)
 logger = logging.getLogger("ray_ormas.fleet")
 
 
@@ -103,9 +116,12 @@ class FleetRecordWriter:
         if self._upload(final=True):
             shutil.rmtree(self._local, ignore_errors=True)
         else:
-            logger.warning("[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
-                           "at %s on the head node: copy its files there when storage is back",
-                           self._store.shown(self.path), self._local)
+            logger.warning(
+                "[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
+                "at %s on the head node: copy its files there when storage is back",
+                self._store.shown(self.path),
+                self._local,
+            )
 
     def _uploader(self) -> None:
         while not self._closed:
@@ -125,7 +141,7 @@ class FleetRecordWriter:
                     self._sync.finish()
                 else:
                     self._sync.push()
-        except Exception as e:          # retried at the next alarm, interval or the end
+        except Exception as e:  # retried at the next alarm, interval or the end
             self._dirty.set()
             self._fail(e)
             return False
@@ -133,8 +149,12 @@ class FleetRecordWriter:
 
     def _fail(self, e: BaseException) -> None:
         if not self._failed:
-            logger.warning("[ray-ormas] could not write the fleet record to %s (%s: %s); training goes on",
-                           self._store.shown(self.path), type(e).__name__, e)
+            logger.warning(
+                "[ray-ormas] could not write the fleet record to %s (%s: %s); training goes on",
+                self._store.shown(self.path),
+                type(e).__name__,
+                e,
+            )
         self._failed = True
 
 
@@ -142,8 +162,9 @@ class FleetRecordWriter:
 def fleet_fits(store: RecordStore) -> list[str]:
     """The fit ids that have a fleet record under this record root."""
     try:
-        infos = store.filesystem.get_file_info(pafs.FileSelector(posixpath.join(store.root, FLEET_DIR),
-                                                                 allow_not_found=True))
+        infos = store.filesystem.get_file_info(
+            pafs.FileSelector(posixpath.join(store.root, FLEET_DIR), allow_not_found=True)
+        )
     except FileNotFoundError:
         return []
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
@@ -157,8 +178,11 @@ def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[di
         meta = json.loads(raw) if raw else {}
     except ValueError:
         meta = {}
-    return meta, store.read_lines(posixpath.join(folder, "checks.jsonl")), \
-        store.read_lines(posixpath.join(folder, "alarms.jsonl"))
+    return (
+        meta,
+        store.read_lines(posixpath.join(folder, "checks.jsonl")),
+        store.read_lines(posixpath.join(folder, "alarms.jsonl")),
+    )
 
 
 # ------------------------------------------------------------------ the summary
@@ -190,14 +214,17 @@ class FleetSummary:
         head = "  rank  node             checks  data ms  fwd ms  score  lowest  slow  non-finite"
         out = [head]
         for r in self.ranks:
-            out.append(f"  {r['rank']:>4}  {str(r['node'])[:15]:<15}  {r['checks']:>6}  {_fmt(r['data_ms']):>7}  "
-                       f"{_fmt(r['forward_ms']):>6}  {_fmt(r['score'], 2):>5}  {_fmt(r['lowest_score'], 2):>6}  "
-                       f"{r['slow_checks']:>4}  {r['nonfinite_checks']:>10}")
+            out.append(
+                f"  {r['rank']:>4}  {str(r['node'])[:15]:<15}  {r['checks']:>6}  {_fmt(r['data_ms']):>7}  "
+                f"{_fmt(r['forward_ms']):>6}  {_fmt(r['score'], 2):>5}  {_fmt(r['lowest_score'], 2):>6}  "
+                f"{r['slow_checks']:>4}  {r['nonfinite_checks']:>10}"
+            )
         return "\n".join(out)
 
 
-def fleet_summary(record: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]],
-                  head_ms_per_check: float | None = None) -> FleetSummary:
+def fleet_summary(
+    record: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]], head_ms_per_check: float | None = None
+) -> FleetSummary:
     """The summary of one fit's check and alarm lines."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
     for line in checks:
@@ -206,20 +233,33 @@ def fleet_summary(record: str, checks: list[dict[str, Any]], alarms: list[dict[s
     for rank in sorted(per_rank):
         lines = per_rank[rank]
         scores = [x["relative_score"] for x in lines if x.get("relative_score") is not None]
-        ranks.append({"rank": rank, "node": lines[-1].get("node"), "checks": len(lines),
-                      "data_ms": _median_ms(x.get("data_s") for x in lines),
-                      "forward_ms": _median_ms(x.get("forward_s") for x in lines),
-                      "score": scores[-1] if scores else None, "lowest_score": min(scores) if scores else None,
-                      "slow_checks": sum(bool(x.get("slow")) for x in lines),
-                      "nonfinite_checks": sum(bool(x.get("nonfinite")) for x in lines)})
+        ranks.append(
+            {
+                "rank": rank,
+                "node": lines[-1].get("node"),
+                "checks": len(lines),
+                "data_ms": _median_ms(x.get("data_s") for x in lines),
+                "forward_ms": _median_ms(x.get("forward_s") for x in lines),
+                "score": scores[-1] if scores else None,
+                "lowest_score": min(scores) if scores else None,
+                "slow_checks": sum(bool(x.get("slow")) for x in lines),
+                "nonfinite_checks": sum(bool(x.get("nonfinite")) for x in lines),
+            }
+        )
     last_key = (checks[-1].get("attempt"), checks[-1].get("check")) if checks else None
     last = [x for x in checks if (x.get("attempt"), x.get("check")) == last_key]
     losses = [x["loss"] for x in last if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
     rank0 = next((x.get("loss") for x in last if x.get("rank") == 0), None)
     n_checks = len({(x.get("attempt"), x.get("check")) for x in checks})
-    return FleetSummary(record=record, ranks=ranks, alarms=list(alarms), checks=n_checks,
-                        loss_mean=statistics.fmean(losses) if losses else None, loss_rank0=rank0,
-                        head_ms_per_check=head_ms_per_check)
+    return FleetSummary(
+        record=record,
+        ranks=ranks,
+        alarms=list(alarms),
+        checks=n_checks,
+        loss_mean=statistics.fmean(losses) if losses else None,
+        loss_rank0=rank0,
+        head_ms_per_check=head_ms_per_check,
+    )
 
 
 def _median_ms(values: Any) -> float | None:
@@ -232,8 +272,9 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 # ------------------------------------------------------------------ MLflow
-def mlflow_entries(checks: list[dict[str, Any]], alarms: list[dict[str, Any]],
-                   mlflow_ranks: int) -> list[tuple[str, float, int]]:
+def mlflow_entries(
+    checks: list[dict[str, Any]], alarms: list[dict[str, Any]], mlflow_ranks: int
+) -> list[tuple[str, float, int]]:
     """The MLflow metrics (name, value, run step) of fleet lines; the live writer and
     `ray-ormas mlflow-sync` both use this, so they agree on what the run should hold."""
     out: list[tuple[str, float, int]] = []

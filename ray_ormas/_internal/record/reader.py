@@ -17,6 +17,7 @@ Hooks relied on: `pyarrow.fs` (any filesystem, as storage.py resolves it), ormas
 `report.write_all` and `record.verify.verify_run` for the reports and the verdicts (never
 re-implemented here).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,29 +35,73 @@ from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet
 from ray_ormas._internal.record.segments import diary_tail, read_link
 from ray_ormas._internal.record.store import RecordStorageError, RecordStore, segment_index
 
-EVENTS_SCHEMA = pa.schema([
-    ("monitor", pa.string()), ("segment", pa.int32()), ("attempt", pa.int32()), ("fit_id", pa.string()),
-    ("seq", pa.int64()), ("event", pa.string()), ("step", pa.int64()), ("run_step", pa.int64()),
-    ("time", pa.float64()), ("severity", pa.string()), ("layer", pa.string()), ("hash", pa.string()),
-    ("line", pa.string()),
-])
-METRICS_SCHEMA = pa.schema([
-    ("monitor", pa.string()), ("segment", pa.int32()), ("attempt", pa.int32()), ("fit_id", pa.string()),
-    ("step", pa.int64()), ("run_step", pa.int64()), ("loss", pa.float64()),
-    ("grad", pa.map_(pa.string(), pa.float64())), ("stuck", pa.map_(pa.string(), pa.list_(pa.int64()))),
-])
-FLEET_CHECKS_SCHEMA = pa.schema([
-    ("fit_id", pa.string()), ("attempt", pa.int32()), ("check", pa.int64()), ("step", pa.int64()),
-    ("run_step", pa.int64()), ("time", pa.float64()), ("rank", pa.int32()), ("node", pa.string()),
-    ("data_s", pa.float64()), ("forward_s", pa.float64()), ("wall_s", pa.float64()), ("loss", pa.float64()),
-    ("nonfinite", pa.bool_()), ("digest", pa.string()), ("relative_score", pa.float64()),
-    ("individual_score", pa.float64()), ("slow", pa.bool_()), ("slow_in", pa.string()),
-])
-FLEET_ALARMS_SCHEMA = pa.schema([
-    ("fit_id", pa.string()), ("attempt", pa.int32()), ("check", pa.int64()), ("step", pa.int64()),
-    ("run_step", pa.int64()), ("time", pa.float64()), ("kind", pa.string()), ("ranks", pa.list_(pa.int32())),
-    ("node", pa.string()), ("message", pa.string()), ("line", pa.string()),
-])
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("monitor", pa.string()),
+        ("segment", pa.int32()),
+        ("attempt", pa.int32()),
+        ("fit_id", pa.string()),
+        ("seq", pa.int64()),
+        ("event", pa.string()),
+        ("step", pa.int64()),
+        ("run_step", pa.int64()),
+        ("time", pa.float64()),
+        ("severity", pa.string()),
+        ("layer", pa.string()),
+        ("hash", pa.string()),
+        ("line", pa.string()),
+    ]
+)
+METRICS_SCHEMA = pa.schema(
+    [
+        ("monitor", pa.string()),
+        ("segment", pa.int32()),
+        ("attempt", pa.int32()),
+        ("fit_id", pa.string()),
+        ("step", pa.int64()),
+        ("run_step", pa.int64()),
+        ("loss", pa.float64()),
+        ("grad", pa.map_(pa.string(), pa.float64())),
+        ("stuck", pa.map_(pa.string(), pa.list_(pa.int64()))),
+    ]
+)
+FLEET_CHECKS_SCHEMA = pa.schema(
+    [
+        ("fit_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("check", pa.int64()),
+        ("step", pa.int64()),
+        ("run_step", pa.int64()),
+        ("time", pa.float64()),
+        ("rank", pa.int32()),
+        ("node", pa.string()),
+        ("data_s", pa.float64()),
+        ("forward_s", pa.float64()),
+        ("wall_s", pa.float64()),
+        ("loss", pa.float64()),
+        ("nonfinite", pa.bool_()),
+        ("digest", pa.string()),
+        ("relative_score", pa.float64()),
+        ("individual_score", pa.float64()),
+        ("slow", pa.bool_()),
+        ("slow_in", pa.string()),
+    ]
+)
+FLEET_ALARMS_SCHEMA = pa.schema(
+    [
+        ("fit_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("check", pa.int64()),
+        ("step", pa.int64()),
+        ("run_step", pa.int64()),
+        ("time", pa.float64()),
+        ("kind", pa.string()),
+        ("ranks", pa.list_(pa.int32())),
+        ("node", pa.string()),
+        ("message", pa.string()),
+        ("line", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +113,7 @@ class Segment:
     path: str
     link: dict[str, Any]
     events: int
-    complete: bool          # its diary ends with run_end
+    complete: bool  # its diary ends with run_end
 
     @property
     def attempt(self) -> int | None:
@@ -86,8 +131,8 @@ class SegmentReport:
     segment: Segment
     local_dir: Path
     reports: dict[str, Path]
-    verified: bool          # ormas-monitor's verify failed no check (but the missing run_end of a crashed one)
-    problems: list[str]     # every failed check, "label: message"
+    verified: bool  # ormas-monitor's verify failed no check (but the missing run_end of a crashed one)
+    problems: list[str]  # every failed check, "label: message"
 
 
 def open_records(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> RunRecords:
@@ -98,9 +143,11 @@ def open_records(path: str | os.PathLike, filesystem: pafs.FileSystem | None = N
     for candidate in (nested, store):
         if candidate.monitors():
             return RunRecords(candidate)
-    raise RecordStorageError(f"no ray-ormas record under {store.shown()}: expected <monitor>/segment-NNN/ folders "
-                             f"there or in its ormas/ folder. Give the run's folder (<storage_path>/<run name>) "
-                             f"or the record_dir the trainer used")
+    raise RecordStorageError(
+        f"no ray-ormas record under {store.shown()}: expected <monitor>/segment-NNN/ folders "
+        f"there or in its ormas/ folder. Give the run's folder (<storage_path>/<run name>) "
+        f"or the record_dir the trainer used"
+    )
 
 
 class RunRecords:
@@ -118,9 +165,16 @@ class RunRecords:
         for name in [monitor] if monitor else self.monitors():
             for path in self.store.segments(name):
                 tail = diary_tail(self.store.read_bytes(posixpath.join(path, "diary.jsonl")))
-                out.append(Segment(monitor=name, index=segment_index(posixpath.basename(path)) or 0, path=path,
-                                   link=read_link(self.store, path), events=tail["events"],
-                                   complete=tail["complete"]))
+                out.append(
+                    Segment(
+                        monitor=name,
+                        index=segment_index(posixpath.basename(path)) or 0,
+                        path=path,
+                        link=read_link(self.store, path),
+                        events=tail["events"],
+                        complete=tail["complete"],
+                    )
+                )
         return out
 
     def events(self, monitor: str | None = None) -> pa.Table:
@@ -128,11 +182,20 @@ class RunRecords:
         rows = []
         for seg, line in self._lines(monitor, "diary.jsonl"):
             step = line.get("step") if isinstance(line.get("step"), int) else None
-            rows.append({**_segment_columns(seg), "seq": line.get("seq"), "event": line.get("event"), "step": step,
-                         "run_step": None if step is None else step + seg.step_offset,
-                         "time": line.get("time"), "severity": _str(line.get("severity")),
-                         "layer": _str(line.get("layer")), "hash": line.get("hash"),
-                         "line": json.dumps(line, sort_keys=True)})
+            rows.append(
+                {
+                    **_segment_columns(seg),
+                    "seq": line.get("seq"),
+                    "event": line.get("event"),
+                    "step": step,
+                    "run_step": None if step is None else step + seg.step_offset,
+                    "time": line.get("time"),
+                    "severity": _str(line.get("severity")),
+                    "layer": _str(line.get("layer")),
+                    "hash": line.get("hash"),
+                    "line": json.dumps(line, sort_keys=True),
+                }
+            )
         return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
 
     def metrics(self, monitor: str | None = None) -> pa.Table:
@@ -140,10 +203,16 @@ class RunRecords:
         rows = []
         for seg, row in self._lines(monitor, "metrics.jsonl"):
             step = row.get("step")
-            rows.append({**_segment_columns(seg), "step": step,
-                         "run_step": None if step is None else step + seg.step_offset, "loss": row.get("loss"),
-                         "grad": list((row.get("grad") or {}).items()),
-                         "stuck": list((row.get("stuck") or {}).items())})
+            rows.append(
+                {
+                    **_segment_columns(seg),
+                    "step": step,
+                    "run_step": None if step is None else step + seg.step_offset,
+                    "loss": row.get("loss"),
+                    "grad": list((row.get("grad") or {}).items()),
+                    "stuck": list((row.get("stuck") or {}).items()),
+                }
+            )
         return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
 
     def fleets(self) -> list[str]:
@@ -163,8 +232,14 @@ class RunRecords:
         rows = []
         for fit_id in self.fleets():
             for line in read_fleet(self.store, fit_id)[2]:
-                rows.append({**{k: line.get(k) for k in FLEET_ALARMS_SCHEMA.names}, "fit_id": fit_id,
-                             "node": _str(line.get("node")), "line": json.dumps(line, sort_keys=True)})
+                rows.append(
+                    {
+                        **{k: line.get(k) for k in FLEET_ALARMS_SCHEMA.names},
+                        "fit_id": fit_id,
+                        "node": _str(line.get("node")),
+                        "line": json.dumps(line, sort_keys=True),
+                    }
+                )
         return pa.Table.from_pylist(rows, schema=FLEET_ALARMS_SCHEMA)
 
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
@@ -199,8 +274,11 @@ class RunRecords:
             problems = [f"{c.label}: {c.message}" for c in failed]
             if not seg.complete:
                 problems += _drop_cut_lines(local)
-            done.append(SegmentReport(segment=seg, local_dir=local, reports=write_all(local),
-                                      verified=not unexpected, problems=problems))
+            done.append(
+                SegmentReport(
+                    segment=seg, local_dir=local, reports=write_all(local), verified=not unexpected, problems=problems
+                )
+            )
         return done
 
     def _lines(self, monitor: str | None, file: str) -> Iterator[tuple[Segment, dict[str, Any]]]:
@@ -224,8 +302,10 @@ def _drop_cut_lines(local: Path) -> list[str]:
         except ValueError:
             if last.strip():
                 path.write_bytes(head + b"\n" if head else b"")
-                notes.append(f"{name}: its last line was cut short by the crash and is left out of the rebuilt "
-                             f"reports (the stored record is unchanged)")
+                notes.append(
+                    f"{name}: its last line was cut short by the crash and is left out of the rebuilt "
+                    f"reports (the stored record is unchanged)"
+                )
     return notes
 
 

@@ -26,6 +26,7 @@ record is append-only, so that prefix is exactly the record as of the checkpoint
 `segment.json` is a sidecar: ormas-monitor's verify and seal cover `diary.jsonl` and
 `metrics.jsonl` and ignore it, and its event schema has no event type to carry the link.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,22 +49,41 @@ def diary_tail(data: bytes | None) -> dict[str, Any]:
     return {"events": events, "last_hash": last_hash, "complete": last_event == "run_end"}
 
 
-def segment_link(store: RecordStore, monitor: str, *, run_name: str, fit_id: str, attempt: int,
-                 world_size: int, resumed_from: dict[str, Any] | None) -> dict[str, Any]:
+def segment_link(
+    store: RecordStore,
+    monitor: str,
+    *,
+    run_name: str,
+    fit_id: str,
+    attempt: int,
+    world_size: int,
+    resumed_from: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The link of the segment about to be claimed (everything but its own index)."""
     previous = None
     earlier = store.segments(monitor)
     if earlier:
         last = earlier[-1]
-        previous = {"segment": posixpath.basename(last),
-                    **diary_tail(store.read_bytes(posixpath.join(last, "diary.jsonl")))}
+        previous = {
+            "segment": posixpath.basename(last),
+            **diary_tail(store.read_bytes(posixpath.join(last, "diary.jsonl"))),
+        }
     pointer = ((resumed_from or {}).get("record") or {}).get(monitor) or {}
-    return {"format": SEGMENT_FORMAT, "version": LINK_VERSION, "monitor": monitor, "run_name": run_name,
-            "fit_id": fit_id, "attempt": attempt, "world_size": world_size, "started": round(time.time(), 3),
-            "previous": previous,
-            "resumed_from": ({"checkpoint": resumed_from.get("checkpoint"), "record": pointer or None}
-                             if resumed_from else None),
-            "step_offset": int(pointer.get("run_steps", 0))}
+    return {
+        "format": SEGMENT_FORMAT,
+        "version": LINK_VERSION,
+        "monitor": monitor,
+        "run_name": run_name,
+        "fit_id": fit_id,
+        "attempt": attempt,
+        "world_size": world_size,
+        "started": round(time.time(), 3),
+        "previous": previous,
+        "resumed_from": (
+            {"checkpoint": resumed_from.get("checkpoint"), "record": pointer or None} if resumed_from else None
+        ),
+        "step_offset": int(pointer.get("run_steps", 0)),
+    }
 
 
 def read_link(store: RecordStore, segment_path: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ segment then ends at its last upload).
 Hooks relied on: `ray.remote` tasks with `NodeAffinitySchedulingStrategy(soft=False)`, and
 `IncrementalUpload.finish` (uploads.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,12 +68,14 @@ def sweep(store: RecordStore, staged: list[Staging], timeout_s: float = SWEEP_TI
     for s, ref in tasks.items():
         try:
             error = ray.get(ref, timeout=timeout_s)
-        except Exception as e:         # the node is gone, or the task did not finish in time
+        except Exception as e:  # the node is gone, or the task did not finish in time
             error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         if error is not None:
-            left.append(f"the record of monitor {s.monitor!r} could not be brought up to date in "
-                        f"{store.shown(s.segment_path)} ({error}); its local copy is {s.folder} on node {s.node_ip}: "
-                        f"copy its files there when storage is back")
+            left.append(
+                f"the record of monitor {s.monitor!r} could not be brought up to date in "
+                f"{store.shown(s.segment_path)} ({error}); its local copy is {s.folder} on node {s.node_ip}: "
+                f"copy its files there when storage is back"
+            )
     for message in left:
         logger.warning("[ray-ormas] %s", message)
     return left

@@ -9,19 +9,20 @@ checkpoints, on `RunConfig.storage_filesystem` or the filesystem the storage URI
         segment-001/          the next attempt (worker-group restart) or a rerun under the same name
 
 ormas-monitor refuses to start a record in a folder that already holds one, and `overwrite=True`
-over a real record is data loss; so rank 0 claims the next free `segment-NNN`. On a local (or
-NFS-mounted) path the claim is an atomic `mkdir` and the monitor writes there directly. On any
-other filesystem (S3, GCS, HDFS, a `SubTreeFileSystem`, an fsspec one) the claim is the
-segment's `segment.json`, the monitor writes to a staging folder on rank 0's node, and
-storage is brought up to date from that folder at every checkpoint and at the end, sending only
-what is new (uploads.py; `read_bytes` and `download` put files sent in parts together again). Two `fit()`s running at the same time under the same run name on object storage could
-claim the same segment: object stores have no atomic create, so do not do that (Ray's own
-checkpoints would collide too).
+over a real record is data loss; so rank 0 claims the next free `segment-NNN`. On a local (or NFS-
+mounted) path the claim is an atomic `mkdir` and the monitor writes there directly. On any other
+filesystem (S3, GCS, HDFS, a `SubTreeFileSystem`, an fsspec one) the claim is the segment's
+`segment.json`, the monitor writes to a staging folder on rank 0's node, and storage is brought up
+to date from that folder at every checkpoint and at the end, sending only what is new (uploads.py;
+`read_bytes` and `download` put files sent in parts together again). Two `fit()`s running at the
+same time under the same run name on object storage could claim the same segment: object stores have
+no atomic create, so do not do that (Ray's own checkpoints would collide too).
 
 Hooks relied on: `RunConfig.storage_path` / `storage_filesystem` / `name`, resolved the way Ray
 Train resolves them (`pyarrow.fs.FileSystem.from_uri` unless a filesystem is given, then the
 path is a path on it), and `pyarrow.fs` (`copy_files`, `open_output_stream`, `FileSelector`).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow.fs as pafs
+
 from ray_ormas.errors import RecordStorageError
 
 if TYPE_CHECKING:
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 SEGMENT = re.compile(r"^segment-(\d{3,})$")
 SEGMENT_FILE = "segment.json"
 SEGMENT_FORMAT = "ray-ormas-segment"
-
 
 
 def segment_name(index: int) -> str:
@@ -113,19 +114,23 @@ class RecordStore:
         retrying for minutes, so the check gives up and says so instead."""
         timeout_s = storage_check_timeout_s() if timeout_s is None else timeout_s
         outcome: list[BaseException | None] = []
-        probe = threading.Thread(target=lambda: outcome.append(self._probe_write()), daemon=True,
-                                 name="ray-ormas-storage-check")
+        probe = threading.Thread(
+            target=lambda: outcome.append(self._probe_write()), daemon=True, name="ray-ormas-storage-check"
+        )
         probe.start()
         probe.join(timeout_s)
         if not outcome:
             raise RecordStorageError(
                 f"cannot write the ormas record to {self.shown()}: the storage did not answer within {timeout_s:g} s"
                 f"{_endpoint_hint(self.filesystem)}. {STORAGE_ADVICE} RAY_ORMAS_STORAGE_CHECK_TIMEOUT_S sets how long "
-                f"this check waits.")
+                f"this check waits."
+            )
         if outcome[0] is not None:
             e = outcome[0]
-            raise RecordStorageError(f"cannot write the ormas record to {self.shown()}: {type(e).__name__}: {e}."
-                                     f"{_credentials_hint(self.filesystem)} {STORAGE_ADVICE}") from None
+            raise RecordStorageError(
+                f"cannot write the ormas record to {self.shown()}: {type(e).__name__}: {e}."
+                f"{_credentials_hint(self.filesystem)} {STORAGE_ADVICE}"
+            ) from None
 
     def _probe_write(self) -> BaseException | None:
         probe = posixpath.join(self.root, f".ray-ormas-write-check-{uuid.uuid4().hex}")
@@ -159,8 +164,11 @@ class RecordStore:
             infos = self.filesystem.get_file_info(pafs.FileSelector(self.monitor_dir(monitor), allow_not_found=True))
         except FileNotFoundError:
             return []
-        found = [(i, info.path) for info in infos
-                 if info.type == pafs.FileType.Directory and (i := segment_index(info.base_name)) is not None]
+        found = [
+            (i, info.path)
+            for info in infos
+            if info.type == pafs.FileType.Directory and (i := segment_index(info.base_name)) is not None
+        ]
         return [p for _, p in sorted(found)]
 
     def monitors(self) -> list[str]:
@@ -181,7 +189,7 @@ class RecordStore:
             while True:
                 path = posixpath.join(self.monitor_dir(monitor), segment_name(index))
                 try:
-                    os.mkdir(path)          # atomic: two claimants never get the same folder
+                    os.mkdir(path)  # atomic: two claimants never get the same folder
                     break
                 except FileExistsError:
                     index += 1
@@ -201,17 +209,19 @@ class RecordStore:
         """Copy every file of `local_dir` to `path` (a no-op when the store is where they are)."""
         if self.is_local and os.path.realpath(local_dir) == os.path.realpath(path):
             return
-        pafs.copy_files(str(local_dir), path, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=self.filesystem)
+        pafs.copy_files(
+            str(local_dir), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.filesystem
+        )
 
     def download(self, path: str, local_dir: Path) -> Path:
         """Copy the folder `path` of this store into `local_dir`; return `local_dir`. A file sent
         in parts (uploads.py) arrives whole."""
         local_dir.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(path, str(local_dir), source_filesystem=self.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(
+            path, str(local_dir), source_filesystem=self.filesystem, destination_filesystem=pafs.LocalFileSystem()
+        )
         for parts in sorted(local_dir.glob(f"*{PARTS_SUFFIX}")):
-            whole = local_dir / parts.name[:-len(PARTS_SUFFIX)]
+            whole = local_dir / parts.name[: -len(PARTS_SUFFIX)]
             if parts.is_dir() and not whole.exists():
                 whole.write_bytes(join_parts((p.name, p.read_bytes()) for p in parts.iterdir() if p.is_file()))
             shutil.rmtree(parts, ignore_errors=True)
@@ -273,15 +283,22 @@ def join_parts(parts: Iterable[tuple[str, bytes]]) -> bytes:
         offset = int(name)
         if offset > len(whole):
             break
-        whole[offset:offset + len(data)] = data
+        whole[offset : offset + len(data)] = data
     return bytes(whole)
 
 
-STORAGE_ADVICE = ("The record goes beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "
-                  "RayOrmasTrainer(record_dir=...) says otherwise; point it at a location every node can write (a "
-                  "shared path such as /mnt/nfs/runs, or s3://bucket/runs with credentials in the environment).")
-CREDENTIAL_SOURCES = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                      "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+STORAGE_ADVICE = (
+    "The record goes beside the run's checkpoints (RunConfig.storage_path / storage_filesystem) unless "
+    "RayOrmasTrainer(record_dir=...) says otherwise; point it at a location every node can write (a "
+    "shared path such as /mnt/nfs/runs, or s3://bucket/runs with credentials in the environment)."
+)
+CREDENTIAL_SOURCES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+)
 
 
 def storage_check_timeout_s() -> float:
@@ -299,8 +316,11 @@ def _endpoint_hint(filesystem: pafs.FileSystem) -> str:
     if filesystem.type_name != "s3":
         return ""
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return (f" (is the endpoint {endpoint} right, and reachable from here?)" if endpoint else
-            " (is this machine able to reach S3? For an S3-compatible store, set AWS_ENDPOINT_URL)")
+    return (
+        f" (is the endpoint {endpoint} right, and reachable from here?)"
+        if endpoint
+        else " (is this machine able to reach S3? For an S3-compatible store, set AWS_ENDPOINT_URL)"
+    )
 
 
 def _credentials_hint(filesystem: pafs.FileSystem) -> str:
@@ -309,8 +329,10 @@ def _credentials_hint(filesystem: pafs.FileSystem) -> str:
         return ""
     if Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser().is_file():
         return ""
-    return (" No AWS credentials were found (no AWS_ACCESS_KEY_ID, AWS_PROFILE, web identity token or "
-            "~/.aws/credentials), so the request went unsigned unless this machine has an instance or pod role.")
+    return (
+        " No AWS credentials were found (no AWS_ACCESS_KEY_ID, AWS_PROFILE, web identity token or "
+        "~/.aws/credentials), so the request went unsigned unless this machine has an instance or pod role."
+    )
 
 
 def resolve(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
@@ -330,5 +352,6 @@ def resolve(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) 
     except Exception as e:
         raise RecordStorageError(
             f"pyarrow cannot open the storage URI {text!r} ({type(e).__name__}: {e}); use a scheme pyarrow knows "
-            f"(file, s3, gs, hdfs) or pass RunConfig(storage_filesystem=...) with a path on it") from None
+            f"(file, s3, gs, hdfs) or pass RunConfig(storage_filesystem=...) with a path on it"
+        ) from None
     return fs, fs_path

@@ -16,6 +16,7 @@ that had in fact succeeded) does no harm.
 Hooks relied on: `pyarrow.fs` (`create_dir`, `open_output_stream`, `FileSelector`, `delete_dir`)
 through RecordStore (storage.py).
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -36,9 +37,9 @@ class IncrementalUpload:
         self.store = store
         self.local = Path(local)
         self.remote = remote
-        self._sent: dict[str, int] = {}                   # .jsonl file -> bytes already in parts
-        self._small: dict[str, tuple[int, int]] = {}      # other file -> (size, mtime_ns) sent
-        self._folders: set[str] = set()                    # folders made in the store
+        self._sent: dict[str, int] = {}  # .jsonl file -> bytes already in parts
+        self._small: dict[str, tuple[int, int]] = {}  # other file -> (size, mtime_ns) sent
+        self._folders: set[str] = set()  # folders made in the store
         self.bytes_sent = 0
 
     def push(self) -> int:
@@ -76,7 +77,7 @@ class IncrementalUpload:
         with open(path, "rb") as f:
             f.seek(start)
             new = f.read()
-        complete = new[:new.rfind(b"\n") + 1]             # whole lines only: a line being written waits
+        complete = new[: new.rfind(b"\n") + 1]  # whole lines only: a line being written waits
         if not complete:
             return 0
         parts = self._folder(posixpath.join(self.remote, path.name + PARTS_SUFFIX))
@@ -110,5 +111,5 @@ class IncrementalUpload:
             self.store.filesystem.delete_dir(parts)
         except OSError:
             infos = self.store.filesystem.get_file_info(pafs.FileSelector(parts, allow_not_found=True))
-            for info in infos:                                # a store without real folders
+            for info in infos:  # a store without real folders
                 self.store.filesystem.delete_file(info.path)

@@ -35,6 +35,7 @@ piece, the upstream change that would let it go.
 
 The micro-step loss window (gradient accumulation) is ray-ormas's own (`micro_steps.py`).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -45,19 +46,24 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from ormas_monitor import Monitor
+
 from ray_ormas.errors import OrmasCompatError
 
 OWN_FSDP_NOTE = "under FSDP each rank sees gradient norms of its own shards; rank 0's are recorded"
-GLOBAL_NORMS_NOTE = ("under FSDP2 ray-ormas records global gradient norms: each rank's squared shard norms are "
-                     "summed over the shards by one all-reduce per check (ray_ormas.compat)")
+GLOBAL_NORMS_NOTE = (
+    "under FSDP2 ray-ormas records global gradient norms: each rank's squared shard norms are "
+    "summed over the shards by one all-reduce per check (ray_ormas.compat)"
+)
 PINNED = "ormas-monitor==0.2.3"
-
 
 
 def _changed(piece: str, what: str, fallback: str) -> str:
     import ormas_monitor
-    return (f"ray-ormas {piece}, and the installed ormas-monitor {getattr(ormas_monitor, '__version__', '?')} "
-            f"changed it ({what}). Install the version ray-ormas is tested with (pip install '{PINNED}'){fallback}")
+
+    return (
+        f"ray-ormas {piece}, and the installed ormas-monitor {getattr(ormas_monitor, '__version__', '?')} "
+        f"changed it ({what}). Install the version ray-ormas is tested with (pip install '{PINNED}'){fallback}"
+    )
 
 
 # ------------------------------------------------------------------ metric naming
@@ -71,7 +77,7 @@ class _Recorder:
         self.entries.append((tag, float(value), int(step)))
 
     def add_text(self, tag: str, text: str, step: int) -> None:
-        pass                                # the event's text is in the record, not a metric
+        pass  # the event's text is in the record, not a metric
 
     def flush(self) -> None:
         pass
@@ -84,16 +90,25 @@ class MetricNaming:
 
     def __init__(self, prefix: str) -> None:
         from ormas_monitor.integrations.sinks import TensorBoardSink
+
         self._recorder = _Recorder()
         self._sink = TensorBoardSink(writer=self._recorder, prefix=prefix)
         got = set(self.entries("metrics", self._PROBE))
-        want = {(f"{prefix}/loss", 0.5, 7), (f"{prefix}/grad_norm/probe", 2.0, 7),
-                (f"{prefix}/stuck_channels/probe", 1.0, 7), (f"{prefix}/stuck_channels_total", 1.0, 7)}
+        want = {
+            (f"{prefix}/loss", 0.5, 7),
+            (f"{prefix}/grad_norm/probe", 2.0, 7),
+            (f"{prefix}/stuck_channels/probe", 1.0, 7),
+            (f"{prefix}/stuck_channels_total", 1.0, 7),
+        }
         event = self.entries("event", {"event": "probe", "step": 7})
         if not want <= got or event != [(f"{prefix}/events/probe", 1.0, 7)]:
-            raise OrmasCompatError(_changed(
-                "takes its MLflow metric names from ormas-monitor's sinks", f"a probe row was named {sorted(got)}, "
-                f"an event {event}", ", or track with RayOrmasTrainer(mlflow=False) until ray-ormas is updated"))
+            raise OrmasCompatError(
+                _changed(
+                    "takes its MLflow metric names from ormas-monitor's sinks",
+                    f"a probe row was named {sorted(got)}, an event {event}",
+                    ", or track with RayOrmasTrainer(mlflow=False) until ray-ormas is updated",
+                )
+            )
 
     def entries(self, kind: str, payload: dict[str, Any]) -> list[tuple[str, float, int]]:
         """What ormas-monitor's sinks would log for `payload` (its step already the run's step)."""
@@ -108,11 +123,19 @@ def check_metrics_file(monitor: Monitor) -> None:
     `flush_metrics` could not keep the rows of a killed worker."""
     handle = getattr(monitor, "_metrics", None)
     name = getattr(handle, "name", None)
-    if handle is None or not callable(getattr(handle, "flush", None)) or getattr(handle, "closed", True) or \
-            Path(str(name)).name != "metrics.jsonl":
-        raise OrmasCompatError(_changed(
-            "flushes the monitor's metrics file after every check so that a killed worker keeps its rows",
-            f"Monitor._metrics is {handle!r}, not the open metrics.jsonl", ""))
+    if (
+        handle is None
+        or not callable(getattr(handle, "flush", None))
+        or getattr(handle, "closed", True)
+        or Path(str(name)).name != "metrics.jsonl"
+    ):
+        raise OrmasCompatError(
+            _changed(
+                "flushes the monitor's metrics file after every check so that a killed worker keeps its rows",
+                f"Monitor._metrics is {handle!r}, not the open metrics.jsonl",
+                "",
+            )
+        )
 
 
 def flush_metrics(monitor: Monitor) -> bool:
@@ -135,9 +158,13 @@ def check_sharded_gradient_seam(monitor_type: type = Monitor) -> None:
         found = getattr(monitor_type, method, None)
         got = list(inspect.signature(found).parameters) if callable(found) else None
         if got != params:
-            raise OrmasCompatError(_changed(
-                "computes global gradient norms under FSDP2 by replacing Monitor._read_scalars",
-                f"Monitor.{method} takes {got}, not {params}", ", or train with strategy='ddp'"))
+            raise OrmasCompatError(
+                _changed(
+                    "computes global gradient norms under FSDP2 by replacing Monitor._read_scalars",
+                    f"Monitor.{method} takes {got}, not {params}",
+                    ", or train with strategy='ddp'",
+                )
+            )
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -155,8 +182,9 @@ def monitor_class(model: nn.Module) -> type[Monitor]:
 class ShardedGradientMonitor(Monitor):
     """ormas-monitor's Monitor with global gradient norms over FSDP2 (DTensor) shards."""
 
-    def _read_scalars(self, loss: torch.Tensor | float | None
-                      ) -> tuple[list[str], list[float], float | None, float | None]:
+    def _read_scalars(
+        self, loss: torch.Tensor | float | None
+    ) -> tuple[list[str], list[float], float | None, float | None]:
         names, sharded, plain, groups = [], [], [], []
         for name, module in self.modules.items():
             grads = [p.grad for p in module.parameters(recurse=False) if p.grad is not None]
@@ -189,9 +217,13 @@ class ShardedGradientMonitor(Monitor):
         manifest = super()._manifest()
         notes = list(manifest.get("notes", []))
         if getattr(self, "dist_mode", None) == "fsdp" and OWN_FSDP_NOTE not in notes:
-            raise OrmasCompatError(_changed(
-                "replaces ormas-monitor's FSDP note in the manifest with what it records instead",
-                f"the manifest's notes are {notes}", ", or train with strategy='ddp'"))
+            raise OrmasCompatError(
+                _changed(
+                    "replaces ormas-monitor's FSDP note in the manifest with what it records instead",
+                    f"the manifest's notes are {notes}",
+                    ", or train with strategy='ddp'",
+                )
+            )
         notes = [GLOBAL_NORMS_NOTE if n == OWN_FSDP_NOTE else n for n in notes]
         if GLOBAL_NORMS_NOTE not in notes:
             notes.append(GLOBAL_NORMS_NOTE)
@@ -206,8 +238,11 @@ def _local_sq(g: torch.Tensor) -> torch.Tensor:
     local = g.to_local() if _is_dtensor(g) else g
     if local.layout != torch.strided:
         local = local.coalesce().values() if local.layout == torch.sparse_coo else local.values()
-    return torch.linalg.vector_norm(local, dtype=torch.float32).square() if local.numel() else \
-        torch.zeros((), dtype=torch.float32, device=local.device)
+    return (
+        torch.linalg.vector_norm(local, dtype=torch.float32).square()
+        if local.numel()
+        else torch.zeros((), dtype=torch.float32, device=local.device)
+    )
 
 
 def _shard_groups(grad: Any) -> list[Any]:

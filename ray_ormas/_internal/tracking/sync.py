@@ -22,6 +22,7 @@ RUN` after an outage that outlasted the fit:
 Hooks relied on: `MlflowClient` (`get_metric_history`, `log_batch`, `list_artifacts`,
 `log_artifact(s)`, `log_dict`, `set_terminated`), the record layout (storage.py, segments.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,30 +45,58 @@ from ray_ormas._internal.record.segments import event_step
 from ray_ormas._internal.record.store import PARTS_SUFFIX, RecordStore, join_parts
 from ray_ormas._internal.tracking.values import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
 
-JOURNAL_DIR = ".mlflow"          # in the record root; a monitor's name cannot start with "."
+JOURNAL_DIR = ".mlflow"  # in the record root; a monitor's name cannot start with "."
 JOURNAL_FORMAT = "ray-ormas-mlflow"
-METRICS_PER_BATCH = 1000         # MLflow's limits per log_batch request
+METRICS_PER_BATCH = 1000  # MLflow's limits per log_batch request
 PARAMS_PER_BATCH = 100
 MAX_DOUBLE = 1.7976931348623157e308
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 
-Entry = tuple[str, float, int]   # (metric name, value, step)
+Entry = tuple[str, float, int]  # (metric name, value, step)
 
 
 def journal_path(store: RecordStore, fit_id: str) -> str:
     return posixpath.join(store.root, JOURNAL_DIR, f"{fit_id}.json")
 
 
-def new_journal(*, fit_id: str, run_name: str, tracking_uri: str, experiment: str, mlflow_run_name: str,
-                tags: dict[str, str], params: dict[str, Any], run_id: str | None,
-                log_checkpoints: str, checkpoint_metric: str | None, checkpoint_mode: str) -> dict[str, Any]:
+def new_journal(
+    *,
+    fit_id: str,
+    run_name: str,
+    tracking_uri: str,
+    experiment: str,
+    mlflow_run_name: str,
+    tags: dict[str, str],
+    params: dict[str, Any],
+    run_id: str | None,
+    log_checkpoints: str,
+    checkpoint_metric: str | None,
+    checkpoint_mode: str,
+) -> dict[str, Any]:
     values, cut = fit_params(flatten_params(params))
-    return {"format": JOURNAL_FORMAT, "version": 1, "fit_id": fit_id, "run_name": run_name,
-            "tracking_uri": tracking_uri, "experiment": experiment, "mlflow_run_name": mlflow_run_name,
-            "tags": {"ray_ormas.ray_run_name": run_name, **tags}, "params": values, "truncated_params": cut,
-            "run_id": run_id, "continued": run_id is not None, "status": None, "error": None,
-            "final_checkpoint": None, "log_checkpoints": log_checkpoints, "checkpoint_metric": checkpoint_metric,
-            "checkpoint_mode": checkpoint_mode, "reports": [], "skipped_metrics": [], "checkpoints": []}
+    return {
+        "format": JOURNAL_FORMAT,
+        "version": 1,
+        "fit_id": fit_id,
+        "run_name": run_name,
+        "tracking_uri": tracking_uri,
+        "experiment": experiment,
+        "mlflow_run_name": mlflow_run_name,
+        "tags": {"ray_ormas.ray_run_name": run_name, **tags},
+        "params": values,
+        "truncated_params": cut,
+        "run_id": run_id,
+        "continued": run_id is not None,
+        "status": None,
+        "error": None,
+        "final_checkpoint": None,
+        "log_checkpoints": log_checkpoints,
+        "checkpoint_metric": checkpoint_metric,
+        "checkpoint_mode": checkpoint_mode,
+        "reports": [],
+        "skipped_metrics": [],
+        "checkpoints": [],
+    }
 
 
 def write_journal(store: RecordStore, journal: dict[str, Any]) -> None:
@@ -112,6 +141,7 @@ def loop_entries(journal: dict[str, Any]) -> list[Entry]:
 def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
     """The monitor's rows, events and attempt starts of one fit, from its record, at run steps."""
     from ray_ormas._internal.seams.ormas import MetricNaming
+
     namings: dict[str, MetricNaming] = {}
     out: list[Entry] = []
     for seg in records.segments():
@@ -136,6 +166,7 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
 def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
     """Fleet health's scores and alarms of one fit, from its fleet record (fleet_record.py)."""
     from ray_ormas._internal.record.fleet_record import mlflow_entries, read_fleet
+
     meta, checks, alarms = read_fleet(store, fit_id)
     if not meta:
         return []
@@ -176,11 +207,17 @@ def send_entries(client: Any, run_id: str, entries: list[Entry], timestamps: lis
     """log_batch in MLflow's batch size. Each entry gets its own timestamp (given, else now + i ms)
     so that two equal values at one step stay two (MLflow drops exact duplicates)."""
     from mlflow.entities import Metric
+
     now = int(time.time() * 1000)
     stamps = timestamps or [now + i for i in range(len(entries))]
     for i in range(0, len(entries), METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=[Metric(k, v, t, s) for (k, v, s), t in
-                                          zip(entries[i:i + METRICS_PER_BATCH], stamps[i:i + METRICS_PER_BATCH])])
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(k, v, t, s)
+                for (k, v, s), t in zip(entries[i : i + METRICS_PER_BATCH], stamps[i : i + METRICS_PER_BATCH])
+            ],
+        )
 
 
 # ------------------------------------------------------------------ the run itself
@@ -188,6 +225,7 @@ def open_run(client: Any, journal: dict[str, Any]) -> str:
     """Create the journal's run (or take the existing one) and log its params and tags; return its
     id. Params already there keep their value (MLflow params are immutable); changes go in a tag."""
     from mlflow.entities import Param, RunTag
+
     existing: dict[str, str] = {}
     run_id = journal.get("run_id")
     if run_id:
@@ -201,18 +239,26 @@ def open_run(client: Any, journal: dict[str, Any]) -> str:
             exp_id = exp.experiment_id
         else:
             uri = journal["tracking_uri"]
-            location = None if not uri.startswith("sqlite:") else \
-                Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
+            location = (
+                None
+                if not uri.startswith("sqlite:")
+                else Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
+            )
             exp_id = client.create_experiment(journal["experiment"], artifact_location=location)
         run_id = client.create_run(exp_id, run_name=journal["mlflow_run_name"], tags=journal["tags"]).info.run_id
     params = journal["params"]
     changed = [k for k, v in params.items() if k in existing and existing[k] != v]
     items = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in params.items() if k not in existing]
     for i in range(0, len(items), PARAMS_PER_BATCH):
-        client.log_batch(run_id, params=items[i:i + PARAMS_PER_BATCH])
-    tags = [RunTag(t, ",".join(keys)[:TAG_VALUE_LIMIT]) for t, keys in
-            (("ray_ormas.truncated_params", journal.get("truncated_params")), ("ray_ormas.changed_params", changed))
-            if keys]
+        client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH])
+    tags = [
+        RunTag(t, ",".join(keys)[:TAG_VALUE_LIMIT])
+        for t, keys in (
+            ("ray_ormas.truncated_params", journal.get("truncated_params")),
+            ("ray_ormas.changed_params", changed),
+        )
+        if keys
+    ]
     if journal.get("continued"):
         tags += [RunTag(k, v) for k, v in journal["tags"].items()]
     if tags:
@@ -223,6 +269,7 @@ def open_run(client: Any, journal: dict[str, Any]) -> str:
 def close_run(client: Any, journal: dict[str, Any]) -> None:
     """Closing tags and the final status, as the journal has them."""
     from mlflow.entities import RunTag
+
     status = journal["status"]
     tags = [RunTag("ray_ormas.status", status)]
     if journal.get("error"):
@@ -241,8 +288,12 @@ def _artifact_files(client: Any, run_id: str, path: str) -> dict[str, int | None
     files: dict[str, int | None] = {}
     for f in client.list_artifacts(run_id, path):
         if f.is_dir:
-            files.update({posixpath.join(posixpath.basename(f.path), k): v
-                          for k, v in _artifact_files(client, run_id, f.path).items()})
+            files.update(
+                {
+                    posixpath.join(posixpath.basename(f.path), k): v
+                    for k, v in _artifact_files(client, run_id, f.path).items()
+                }
+            )
         else:
             files[posixpath.basename(f.path)] = f.file_size
     return files
@@ -263,14 +314,17 @@ def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, ar
     Files not on the local disk go through a temporary folder that is removed again."""
     have = _artifact_files(client, run_id, artifact_path)
     infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-    files = {posixpath.relpath(i.path, folder): i for i in infos
-             if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")}
+    files = {
+        posixpath.relpath(i.path, folder): i
+        for i in infos
+        if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")
+    }
     in_parts: dict[str, list[pafs.FileInfo]] = {}
     for rel in [rel for rel in files if posixpath.dirname(rel).endswith(PARTS_SUFFIX)]:
-        whole = posixpath.dirname(rel)[:-len(PARTS_SUFFIX)]
+        whole = posixpath.dirname(rel)[: -len(PARTS_SUFFIX)]
         info = files.pop(rel)
         in_parts.setdefault(whole, []).append(info)
-    in_parts = {whole: parts for whole, parts in in_parts.items() if whole not in files}   # closed since
+    in_parts = {whole: parts for whole, parts in in_parts.items() if whole not in files}  # closed since
     todo = [rel for rel, info in files.items() if not _uploaded(have, rel, info.size)]
     local = isinstance(fs, pafs.LocalFileSystem)
     staged = in_parts or (todo and not local)
@@ -311,8 +365,13 @@ def upload_segments(client: Any, run_id: str, records: RunRecords, fit_id: str) 
     n = 0
     for seg in records.segments():
         if seg.link.get("fit_id") == fit_id:
-            n += upload_folder(client, run_id, records.store.filesystem, seg.path,
-                               f"ormas/{seg.monitor}/{posixpath.basename(seg.path)}")
+            n += upload_folder(
+                client,
+                run_id,
+                records.store.filesystem,
+                seg.path,
+                f"ormas/{seg.monitor}/{posixpath.basename(seg.path)}",
+            )
     return n
 
 
@@ -328,8 +387,11 @@ def chosen_checkpoints(journal: dict[str, Any]) -> list[dict[str, Any]]:
         return chosen[-1:]
     if policy == "best":
         metric, sign = journal["checkpoint_metric"], (1 if journal.get("checkpoint_mode", "min") == "min" else -1)
-        scored = [c for c in checkpoints if isinstance(c.get("metrics", {}).get(metric), (int, float))
-                  and not math.isnan(c["metrics"][metric])]
+        scored = [
+            c
+            for c in checkpoints
+            if isinstance(c.get("metrics", {}).get(metric), (int, float)) and not math.isnan(c["metrics"][metric])
+        ]
         return [min(scored, key=lambda c: sign * c["metrics"][metric])] if scored else []
     return []
 
@@ -342,7 +404,7 @@ def upload_checkpoints(client: Any, run_id: str, journal: dict[str, Any], fs: pa
         path = c["path"]
         artifact_path = f"checkpoints/{posixpath.basename(path.rstrip('/'))}"
         if fs.get_file_info(path).type != pafs.FileType.Directory:
-            if not client.list_artifacts(run_id, artifact_path):      # not uploaded before it was deleted
+            if not client.list_artifacts(run_id, artifact_path):  # not uploaded before it was deleted
                 gone.append(path)
             continue
         n += upload_folder(client, run_id, fs, path, artifact_path)
@@ -354,15 +416,22 @@ def upload_checkpoints(client: Any, run_id: str, journal: dict[str, Any], fs: pa
 class SyncResult:
     run_id: str
     tracking_uri: str
-    sent: int               # metric values sent
-    artifacts: int          # files uploaded
-    created: bool           # the run did not exist yet
-    closed: str | None      # the final status set, if it was not set yet
+    sent: int  # metric values sent
+    artifacts: int  # files uploaded
+    created: bool  # the run did not exist yet
+    closed: str | None  # the final status set, if it was not set yet
     missing_checkpoints: list[str]
 
 
-def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to_attempt: int | None = None,
-             finished: bool = True, checkpoint_fs: pafs.FileSystem | None = None) -> SyncResult:
+def sync_fit(
+    client: Any,
+    records: RunRecords,
+    journal: dict[str, Any],
+    *,
+    up_to_attempt: int | None = None,
+    finished: bool = True,
+    checkpoint_fs: pafs.FileSystem | None = None,
+) -> SyncResult:
     """Bring the fit's run up to its record and journal. `finished`: also artifacts and status."""
     store = records.store
     created = not journal.get("run_id")
@@ -370,8 +439,11 @@ def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to
     if created:
         journal["run_id"] = run_id
         write_journal(store, journal)
-    expected = (record_entries(records, journal["fit_id"], up_to_attempt) + loop_entries(journal)
-                + fleet_entries(store, journal["fit_id"], up_to_attempt))
+    expected = (
+        record_entries(records, journal["fit_id"], up_to_attempt)
+        + loop_entries(journal)
+        + fleet_entries(store, journal["fit_id"], up_to_attempt)
+    )
     todo = missing_entries(client, run_id, expected)
     send_entries(client, run_id, todo)
     artifacts, closed = 0, None
@@ -379,8 +451,10 @@ def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to
     if finished:
         artifacts = upload_segments(client, run_id, records, journal["fit_id"])
         from ray_ormas._internal.record.fleet_record import fleet_folder
-        artifacts += upload_folder(client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]),
-                                   f"ormas/fleet/{journal['fit_id']}")
+
+        artifacts += upload_folder(
+            client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]), f"ormas/fleet/{journal['fit_id']}"
+        )
         if journal.get("checkpoints"):
             client.log_dict(run_id, journal["checkpoints"], "ray_ormas/checkpoints.json")
         n, gone = upload_checkpoints(client, run_id, journal, checkpoint_fs or store.filesystem)
@@ -388,5 +462,12 @@ def sync_fit(client: Any, records: RunRecords, journal: dict[str, Any], *, up_to
         if journal.get("status") in TERMINAL and client.get_run(run_id).info.status != journal["status"]:
             close_run(client, journal)
             closed = journal["status"]
-    return SyncResult(run_id=run_id, tracking_uri=shown(journal["tracking_uri"]), sent=len(todo),
-                      artifacts=artifacts, created=created, closed=closed, missing_checkpoints=gone)
+    return SyncResult(
+        run_id=run_id,
+        tracking_uri=shown(journal["tracking_uri"]),
+        sent=len(todo),
+        artifacts=artifacts,
+        created=created,
+        closed=closed,
+        missing_checkpoints=gone,
+    )

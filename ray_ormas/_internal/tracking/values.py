@@ -16,6 +16,7 @@ Credentials come only from the environment (`MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRA
 `PASSWORD`, read by MLflow itself); the driver hands MLflow's variables to the head-node writer,
 never to the workers. They are never logged, and a URI is shown with any user:password removed.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,16 +29,28 @@ from typing import Any, Mapping
 
 from ray_ormas._internal.common.mlflow_settings import USERINFO, MLflowSettings
 
-PARAM_VALUE_LIMIT = 6000        # MLflow's limit on a param value (characters)
+PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
 PARAM_KEY_LIMIT = 250
 TAG_VALUE_LIMIT = 5000
-EMBEDDED_HOME = "~/ray_results/ray_ormas"      # the embedded store when the run's storage is not local
+EMBEDDED_HOME = "~/ray_results/ray_ormas"  # the embedded store when the run's storage is not local
 _SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME")
 # MLflow's own environment variables that the head-node writer needs from the driver.
-MLFLOW_ENV = ("MLFLOW_TRACKING_URI", *_SECRET_ENV, "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH",
-              "MLFLOW_TRACKING_CLIENT_CERT_PATH", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-              "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-              "AWS_DEFAULT_REGION", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING")
+MLFLOW_ENV = (
+    "MLFLOW_TRACKING_URI",
+    *_SECRET_ENV,
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_STORAGE_CONNECTION_STRING",
+)
 # The metric names MLflow accepts (its own rule, mlflow.utils.validation): a request with any other
 # name is refused whole, so such a name is skipped here rather than sent.
 _METRIC_NAME = re.compile(r"^[/\w.\- :]{1,250}$")
@@ -79,10 +92,10 @@ def fit_params(params: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     for k, v in params.items():
         for s in secrets:
             v = v.replace(s, "***")
-        key = re.sub(r"[^/\w.\- :]", "_", k)[:PARAM_KEY_LIMIT]     # characters MLflow refuses become _
+        key = re.sub(r"[^/\w.\- :]", "_", k)[:PARAM_KEY_LIMIT]  # characters MLflow refuses become _
         if len(v) > PARAM_VALUE_LIMIT or len(k) > PARAM_KEY_LIMIT or key != k[:PARAM_KEY_LIMIT]:
             cut.append(k)
-            v = v[:PARAM_VALUE_LIMIT - 3] + "..." if len(v) > PARAM_VALUE_LIMIT else v
+            v = v[: PARAM_VALUE_LIMIT - 3] + "..." if len(v) > PARAM_VALUE_LIMIT else v
         out[key] = v
     return out, cut
 
@@ -108,14 +121,18 @@ def loop_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str
 def metric_name_ok(name: str) -> bool:
     """MLflow takes the name: letters, digits, `_ - . : /` and spaces, at most 250 characters, and
     no path tricks (`a//b`, `./a`, `/a`, `a/..`)."""
-    return bool(_METRIC_NAME.match(name)) and posixpath.normpath(name) == name and \
-        not name.startswith(("/", "..")) and name != "."
+    return (
+        bool(_METRIC_NAME.match(name))
+        and posixpath.normpath(name) == name
+        and not name.startswith(("/", ".."))
+        and name != "."
+    )
 
 
 def _number(v: Any) -> float | None:
     if isinstance(v, numbers.Real):
         return float(v)
-    item = getattr(v, "item", None)             # numpy scalars, one-element tensors and arrays
+    item = getattr(v, "item", None)  # numpy scalars, one-element tensors and arrays
     size = getattr(v, "size", 1)
     if callable(item) and (size == 1 or (callable(size) and getattr(v, "numel", lambda: 0)() == 1)):
         try:
@@ -145,8 +162,10 @@ def check_run_exists(settings: MLflowSettings, run_dir: str | None) -> None:
         MlflowClient(tracking_uri=uri).get_run(settings.run_id)
     except MlflowException as e:
         if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
-            raise ValueError(f"MLflowSettings.run_id={settings.run_id!r} does not exist at {shown(uri)}; pass the id "
-                             f"of an existing run, or run_id=None to start a new one") from None
+            raise ValueError(
+                f"MLflowSettings.run_id={settings.run_id!r} does not exist at {shown(uri)}; pass the id "
+                f"of an existing run, or run_id=None to start a new one"
+            ) from None
     except Exception:
         pass
 

@@ -16,6 +16,7 @@ gets the monitor without being changed.
 This module is imported by Lightning in every process that builds a Trainer (the entry point), so
 it imports nothing heavy at module level.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -45,6 +46,7 @@ def lightning_callbacks() -> list[Any]:
     if session is None or not session.plan.settings.auto_monitor:
         return []
     from ray_ormas._internal.worker.integrations.lightning import RayOrmasLightningCallback
+
     return [RayOrmasLightningCallback(automatic=True)]
 
 
@@ -57,6 +59,7 @@ class Adoption:
 
     def install(self) -> None:
         from ray_ormas._internal.worker.report_route import ReportRoute
+
         session = self._session
         route = ReportRoute(session.route_report)
         if route.install():
@@ -65,6 +68,7 @@ class Adoption:
         if not session.plan.settings.auto_monitor:
             return
         from ray_ormas._internal.worker.auto_monitor import AutoMonitors
+
         auto = AutoMonitors(session)
         auto.install()
         self._pieces.append(auto)
@@ -74,11 +78,16 @@ class Adoption:
     def _hook_transformers(self) -> None:
         try:
             from ray_ormas._internal.worker.integrations.transformers import TrainerHook
+
             hook = TrainerHook()
             hook.install()
-        except (ImportError, RuntimeError) as e:        # the driver checked; a worker may still differ
-            logger.error("[ray-ormas] rank %d: no monitor for Transformers trainers (%s); training goes on. "
-                         "pip install 'ray-ormas[transformers]' on every node", self._session.rank, e)
+        except (ImportError, RuntimeError) as e:  # the driver checked; a worker may still differ
+            logger.error(
+                "[ray-ormas] rank %d: no monitor for Transformers trainers (%s); training goes on. "
+                "pip install 'ray-ormas[transformers]' on every node",
+                self._session.rank,
+                e,
+            )
             return
         self._pieces.append(hook)
 
@@ -86,7 +95,7 @@ class Adoption:
         for piece in reversed(self._pieces):
             try:
                 piece.remove()
-            except Exception as e:      # never over the loop's own outcome
+            except Exception as e:  # never over the loop's own outcome
                 logger.warning("[ray-ormas] could not remove %s (%s: %s)", type(piece).__name__, type(e).__name__, e)
         self._pieces = []
         self._session.report_route = None
@@ -97,8 +106,11 @@ def frameworks_of(fn: Callable[..., Any]) -> tuple[str, ...]:
     nested functions included) and in what those names are in its module (modules, classes and
     functions, with their base classes), one call deep into functions of the same module."""
     roots = set(_referenced_modules(fn, depth=2))
-    return tuple(name for name, (modules, _, _) in FRAMEWORKS.items()
-                 if any(root == m or root.startswith(m + ".") for root in roots for m in modules))
+    return tuple(
+        name
+        for name, (modules, _, _) in FRAMEWORKS.items()
+        if any(root == m or root.startswith(m + ".") for root in roots for m in modules)
+    )
 
 
 def check_frameworks(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -110,20 +122,23 @@ def check_frameworks(fn: Callable[..., Any]) -> tuple[str, ...]:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise ImportError(f"the training loop uses {name}, and ray-ormas attaches ormas-monitor's {name} callback "
-                              f"to it, which needs the extra: pip install 'ray-ormas[{extra}]' on the driver and every "
-                              f"node ({e}). Or pass auto_monitor=False to train without it") from None
+            raise ImportError(
+                f"the training loop uses {name}, and ray-ormas attaches ormas-monitor's {name} callback "
+                f"to it, which needs the extra: pip install 'ray-ormas[{extra}]' on the driver and every "
+                f"node ({e}). Or pass auto_monitor=False to train without it"
+            ) from None
         if name == "lightning" and not _entry_point_registered():
-            raise RuntimeError(f"the training loop uses Lightning, and ray-ormas reaches its Trainer through the "
-                               f"'{LIGHTNING_ENTRY_POINT_GROUP}' entry point, which is not registered: ray-ormas is "
-                               f"imported from a source tree that was not installed. pip install -e . (or "
-                               f"'ray-ormas[lightning]'), or pass auto_monitor=False")
+            raise RuntimeError(
+                f"the training loop uses Lightning, and ray-ormas reaches its Trainer through the "
+                f"'{LIGHTNING_ENTRY_POINT_GROUP}' entry point, which is not registered: ray-ormas is "
+                f"imported from a source tree that was not installed. pip install -e . (or "
+                f"'ray-ormas[lightning]'), or pass auto_monitor=False"
+            )
     return found
 
 
 def _entry_point_registered() -> bool:
-    return any(ep.name == ENTRY_POINT_NAME
-               for ep in importlib.metadata.entry_points(group=LIGHTNING_ENTRY_POINT_GROUP))
+    return any(ep.name == ENTRY_POINT_NAME for ep in importlib.metadata.entry_points(group=LIGHTNING_ENTRY_POINT_GROUP))
 
 
 def _referenced_modules(fn: Any, depth: int) -> list[str]:
@@ -136,7 +151,7 @@ def _referenced_modules(fn: Any, depth: int) -> list[str]:
         c = stack.pop()
         names.update(c.co_names)
         stack.extend(const for const in c.co_consts if isinstance(const, types.CodeType))
-    found = list(names)                 # `import lightning` inside the loop names the module itself
+    found = list(names)  # `import lightning` inside the loop names the module itself
     scope = getattr(fn, "__globals__", {})
     for name in names:
         value = scope.get(name)

@@ -16,6 +16,7 @@ Each call works on this worker's session (session.py); outside a RayOrmasTrainer
 raises a `RuntimeError` that says what to use instead. Hooks: `ray.train.torch.prepare_model`
 (through strategies.py) and `ray.train.report` (through the session).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -33,14 +34,20 @@ from ray_ormas._internal.worker.strategies import prepare
 def _session(what: str) -> WorkerSession:
     session = current_session()
     if session is None:
-        raise RuntimeError(f"ray_ormas.{what}() works only inside a training loop run by RayOrmasTrainer(...).fit(); "
-                           f"for a plain ray.train.torch.TorchTrainer use ray.train.torch.prepare_model and "
-                           f"ormas_monitor.Monitor directly")
+        raise RuntimeError(
+            f"ray_ormas.{what}() works only inside a training loop run by RayOrmasTrainer(...).fit(); "
+            f"for a plain ray.train.torch.TorchTrainer use ray.train.torch.prepare_model and "
+            f"ormas_monitor.Monitor directly"
+        )
     return session
 
 
-def prepare_model(model: nn.Module, *, move_to_device: bool | torch.device = True,
-                  parallel_strategy_kwargs: dict[str, Any] | None = None) -> nn.Module:
+def prepare_model(
+    model: nn.Module,
+    *,
+    move_to_device: bool | torch.device = True,
+    parallel_strategy_kwargs: dict[str, Any] | None = None,
+) -> nn.Module:
     """Wrap the model for the trainer's strategy: DDP (Ray's `prepare_model`, after SyncBatchNorm
     conversion if the trainer has `sync_batchnorm=True`) or FSDP2 (`fully_shard`). Call it once
     per independently stepped model (a GAN: once for the generator, once for the discriminator).
@@ -48,21 +55,34 @@ def prepare_model(model: nn.Module, *, move_to_device: bool | torch.device = Tru
     `parallel_strategy_kwargs` go to DDP (e.g. `{"static_graph": True}`) or to `fully_shard`
     (plus `"shard_modules"`: fnmatch patterns of the submodules to shard on their own)."""
     plan = _session("prepare_model").plan
-    return prepare(model, plan.strategy, move_to_device=move_to_device,
-                   parallel_strategy_kwargs=parallel_strategy_kwargs, sync_batchnorm=plan.sync_batchnorm)
+    return prepare(
+        model,
+        plan.strategy,
+        move_to_device=move_to_device,
+        parallel_strategy_kwargs=parallel_strategy_kwargs,
+        sync_batchnorm=plan.sync_batchnorm,
+    )
 
 
 def batch_size() -> int:
     """This rank's micro-batch size, from the trainer's `batch=ray_ormas.BatchSize(...)`."""
     batch = _session("batch_size").plan.batch
     if batch is None:
-        raise RuntimeError("ray_ormas.batch_size() needs RayOrmasTrainer(batch=ray_ormas.BatchSize(size, per='rank' "
-                           "or 'global', accumulation=1))")
+        raise RuntimeError(
+            "ray_ormas.batch_size() needs RayOrmasTrainer(batch=ray_ormas.BatchSize(size, per='rank' "
+            "or 'global', accumulation=1))"
+        )
     return int(batch["per_rank"])
 
 
-def monitor(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, name: str = DEFAULT_MONITOR_NAME,
-            scaler: Any = None, sinks: Sequence[Callable[[str, dict], None]] = ()) -> WorkerMonitor:
+def monitor(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    name: str = DEFAULT_MONITOR_NAME,
+    scaler: Any = None,
+    sinks: Sequence[Callable[[str, dict], None]] = (),
+) -> WorkerMonitor:
     """Build the trainer's `ormas_monitor.Monitor` on this rank; call it the same way on every rank.
 
     Args:
@@ -76,8 +96,9 @@ def monitor(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
     return _session("monitor").add_monitor(model, optimizer, check_monitor_name(name), scaler, sinks)
 
 
-def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = None, *, step: int | None = None,
-           **kwargs: Any) -> None:
+def report(
+    metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = None, *, step: int | None = None, **kwargs: Any
+) -> None:
     """`ray.train.report` with ray-ormas facts merged in under `ormas/`. Call it on every rank,
     as often on each, exactly as you would call `ray.train.report`.
 
@@ -89,4 +110,3 @@ def report(metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None = No
         raise TypeError(f"step must be an int >= 0 (the MLflow step of these metrics) or None, got {step!r}")
     check_metrics(metrics)
     _session("report").report("user", metrics, checkpoint, step=step, **kwargs)
-

@@ -25,6 +25,7 @@ modules are not used: their calls cannot be told apart by model. The loop's own
 `ray_ormas.monitor(...)` wins: once the loop has built one, no optimizer that steps for the first
 time after that gets an automatic monitor (a deliberately unwatched model stays unwatched).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,14 +38,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME
-from ray_ormas._internal.worker.plan import EXPLICIT, Attach
 from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.plan import EXPLICIT, Attach
 from ray_ormas._internal.worker.session import WorkerSession
 
 logger = logging.getLogger("ray_ormas.auto_monitor")
 
 HOOK_NAME = "the optimizer step hook"
-_IGNORED = object()         # an optimizer no automatic monitor follows
+_IGNORED = object()  # an optimizer no automatic monitor follows
 
 
 def output_loss(output: Any) -> torch.Tensor | None:
@@ -70,8 +71,9 @@ def _trainable(module: nn.Module) -> bool:
 
 
 def _is_loss(output: Any) -> bool:
-    return (isinstance(output, torch.Tensor) and output.numel() == 1 and output.requires_grad
-            and output.is_floating_point())
+    return (
+        isinstance(output, torch.Tensor) and output.numel() == 1 and output.requires_grad and output.is_floating_point()
+    )
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -84,7 +86,7 @@ class _Follower:
     def __init__(self, monitor: WorkerMonitor, loss_module: nn.Module | None, loss_from_output: bool) -> None:
         self.monitor = monitor
         self.loss_module = loss_module
-        self._training = monitor.model             # its losses count only while it trains (not in validation)
+        self._training = monitor.model  # its losses count only while it trains (not in validation)
         self._handle: Any = None
         if loss_from_output:
             self._handle = monitor.model.register_forward_hook(self._from_output)
@@ -119,12 +121,12 @@ class AutoMonitors:
 
     def __init__(self, session: WorkerSession) -> None:
         self._session = session
-        self._followers: dict[int, Any] = {}                     # id(optimizer) -> _Follower or _IGNORED
-        self._optimizers: list[Any] = []                         # kept alive, so their ids stay theirs
+        self._followers: dict[int, Any] = {}  # id(optimizer) -> _Follower or _IGNORED
+        self._optimizers: list[Any] = []  # kept alive, so their ids stay theirs
         self._auto: list[_Follower] = []
         self._depth = 0
-        self._called: dict[int, nn.Module] = {}                 # top-level modules called in training
-        self._outputs: dict[int, tuple[Any, int]] = {}          # their outputs (weak) -> module id
+        self._called: dict[int, nn.Module] = {}  # top-level modules called in training
+        self._outputs: dict[int, tuple[Any, int]] = {}  # their outputs (weak) -> module id
         self._loss_modules: dict[int, dict[int, nn.Module]] = {}  # model id -> criteria called on its output
         self._with_output_loss: set[int] = set()
         self._warned: set[str] = set()
@@ -133,8 +135,10 @@ class AutoMonitors:
 
     # ------------------------------------------------------------------ lifecycle
     def install(self) -> None:
-        self._discovery = [nn.modules.module.register_module_forward_pre_hook(self._pre),
-                           nn.modules.module.register_module_forward_hook(self._post, always_call=True)]
+        self._discovery = [
+            nn.modules.module.register_module_forward_pre_hook(self._pre),
+            nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+        ]
         self._step_hook = register_optimizer_step_pre_hook(self._before_step)
 
     def remove(self) -> None:
@@ -154,9 +158,12 @@ class AutoMonitors:
         self._called, self._outputs, self._loss_modules = {}, {}, {}
         if unclaimed and self._session.monitors:
             names = ", ".join(sorted({type(_inner(m)).__name__ for m in unclaimed}))
-            self._warn("unclaimed", f"{names} ran forward in training mode but no optimizer stepped its parameters "
-                                    f"in the first steps, so no monitor follows it. If an optimizer steps it later, "
-                                    f"build its monitor yourself: ray_ormas.monitor(model, optimizer)")
+            self._warn(
+                "unclaimed",
+                f"{names} ran forward in training mode but no optimizer stepped its parameters "
+                f"in the first steps, so no monitor follows it. If an optimizer steps it later, "
+                f"build its monitor yourself: ray_ormas.monitor(model, optimizer)",
+            )
 
     # ------------------------------------------------------------------ discovery hooks
     def _pre(self, module: nn.Module, args: Any) -> None:
@@ -179,7 +186,7 @@ class AutoMonitors:
                     seen = self._outputs.get(id(arg)) if isinstance(arg, torch.Tensor) else None
                     if seen is not None and seen[0]() is arg:
                         self._loss_modules.setdefault(seen[1], {})[id(module)] = module
-        except Exception as e:      # telemetry never breaks training
+        except Exception as e:  # telemetry never breaks training
             self._warn("discovery", f"could not follow the loop's modules ({type(e).__name__}: {e})")
 
     # ------------------------------------------------------------------ the step hook
@@ -189,10 +196,13 @@ class AutoMonitors:
             self._optimizers.append(optimizer)
             try:
                 self._followers[id(optimizer)] = self._meet(optimizer)
-            except Exception as e:      # telemetry never breaks training
+            except Exception as e:  # telemetry never breaks training
                 self._followers[id(optimizer)] = _IGNORED
-                self._warn(f"attach-{id(optimizer)}", f"could not attach a monitor for {type(optimizer).__name__} "
-                                                      f"({type(e).__name__}: {e}); training goes on without it")
+                self._warn(
+                    f"attach-{id(optimizer)}",
+                    f"could not attach a monitor for {type(optimizer).__name__} "
+                    f"({type(e).__name__}: {e}); training goes on without it",
+                )
             self._outputs.clear()
             return
         if self._discovery:
@@ -201,37 +211,43 @@ class AutoMonitors:
             return
         try:
             follower.monitor.step()
-        except Exception as e:          # telemetry never breaks training: the monitor stops, the loop goes on
+        except Exception as e:  # telemetry never breaks training: the monitor stops, the loop goes on
             self._followers[id(optimizer)] = _IGNORED
             follower.remove()
-            self._warn(f"step-{follower.monitor.name}",
-                       f"monitor {follower.monitor.name!r} failed at a step and stops following "
-                       f"{type(optimizer).__name__} ({type(e).__name__}: {e}); training goes on")
+            self._warn(
+                f"step-{follower.monitor.name}",
+                f"monitor {follower.monitor.name!r} failed at a step and stops following "
+                f"{type(optimizer).__name__} ({type(e).__name__}: {e}); training goes on",
+            )
 
     def _meet(self, optimizer: torch.optim.Optimizer) -> Any:
         """At an optimizer's first step: the follower of the model it steps, or _IGNORED."""
         session = self._session
         if any(mon.exclusive or mon.attached_by == EXPLICIT for mon in session.monitors.values()):
-            return _IGNORED             # the loop builds its own monitors, or a framework's callback steps them
+            return _IGNORED  # the loop builds its own monitors, or a framework's callback steps them
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         overlap = [(sum(id(p) in stepped for p in m.parameters()), m) for m in self._called.values()]
         overlap = [(n, m) for n, m in overlap if n]
         if not overlap:
-            self._warn(f"none-{id(optimizer)}",
-                       f"{type(optimizer).__name__} steps the parameters of no model the loop called in training "
-                       f"mode before its first step, so no monitor follows it. Call the model (in train() mode, with "
-                       f"gradients on) before optimizer.step(), or build the monitor yourself: "
-                       f"mon = ray_ormas.monitor(model, optimizer) and mon.step(loss) before optimizer.step()")
+            self._warn(
+                f"none-{id(optimizer)}",
+                f"{type(optimizer).__name__} steps the parameters of no model the loop called in training "
+                f"mode before its first step, so no monitor follows it. Call the model (in train() mode, with "
+                f"gradients on) before optimizer.step(), or build the monitor yourself: "
+                f"mon = ray_ormas.monitor(model, optimizer) and mon.step(loss) before optimizer.step()",
+            )
             return _IGNORED
         model = max(overlap, key=lambda pair: pair[0])[1]
         owner = session.monitor_of(model)
         if owner is not None:
             if owner.attached_by == HOOK_NAME:
-                self._warn(f"two-{id(model)}",
-                           f"two optimizers step {type(_inner(model)).__name__}: its monitor {owner.name!r} follows "
-                           f"{type(owner.optimizer).__name__} only, and {type(optimizer).__name__}'s steps are not "
-                           f"monitor steps. To choose, build it yourself: ray_ormas.monitor(model, optimizer)")
-            return _IGNORED                             # the loop's own monitor (or the first optimizer's) wins
+                self._warn(
+                    f"two-{id(model)}",
+                    f"two optimizers step {type(_inner(model)).__name__}: its monitor {owner.name!r} follows "
+                    f"{type(owner.optimizer).__name__} only, and {type(optimizer).__name__}'s steps are not "
+                    f"monitor steps. To choose, build it yourself: ray_ormas.monitor(model, optimizer)",
+                )
+            return _IGNORED  # the loop's own monitor (or the first optimizer's) wins
         return self._attach(model, optimizer)
 
     def _attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> _Follower:
@@ -244,28 +260,41 @@ class AutoMonitors:
                 self._drop_loss_modules(follower)
         loss_module = loss_modules[0] if len(loss_modules) == 1 and not from_output and not several else None
         loss, note = _loss_source(from_output, loss_modules, several)
-        name = (DEFAULT_MONITOR_NAME if not session.monitors
-                else session.free_name(type(_inner(model)).__name__.lower()))
-        facts = {"by": HOOK_NAME, "optimizer": type(optimizer).__name__, "model": type(_inner(model)).__name__,
-                 "first_loop_step": 1, "loss": loss, **({"loss_note": note} if note else {})}
-        monitor = session.add_monitor(model, optimizer, name, None, (),
-                                      Attach(by=HOOK_NAME, facts=facts, first_step=1))
+        name = DEFAULT_MONITOR_NAME if not session.monitors else session.free_name(type(_inner(model)).__name__.lower())
+        facts = {
+            "by": HOOK_NAME,
+            "optimizer": type(optimizer).__name__,
+            "model": type(_inner(model)).__name__,
+            "first_loop_step": 1,
+            "loss": loss,
+            **({"loss_note": note} if note else {}),
+        }
+        monitor = session.add_monitor(model, optimizer, name, None, (), Attach(by=HOOK_NAME, facts=facts, first_step=1))
         follower = _Follower(monitor, loss_module, from_output)
         self._auto.append(follower)
         if session.rank == 0:
-            logger.info("[ray-ormas] monitor %r follows %s, stepped by %s, from the loop's step 2 on; loss: %s",
-                        name, facts["model"], facts["optimizer"], loss or f"none ({note})")
+            logger.info(
+                "[ray-ormas] monitor %r follows %s, stepped by %s, from the loop's step 2 on; loss: %s",
+                name,
+                facts["model"],
+                facts["optimizer"],
+                loss or f"none ({note})",
+            )
         return follower
 
     def _drop_loss_modules(self, follower: _Follower) -> None:
         if follower.loss_module is None:
             return
         follower.drop_loss_module()
-        note = ("several models are trained, and a loss module's calls cannot be told apart by model; "
-                "give the loss with ray_ormas.monitor(model, optimizer) and mon.step(loss)")
+        note = (
+            "several models are trained, and a loss module's calls cannot be told apart by model; "
+            "give the loss with ray_ormas.monitor(model, optimizer) and mon.step(loss)"
+        )
         follower.monitor.update_attached(loss=None, loss_note=note)
-        self._warn(f"drop-{follower.monitor.name}", f"monitor {follower.monitor.name!r} stops taking its loss from "
-                                                    f"a loss module: {note}")
+        self._warn(
+            f"drop-{follower.monitor.name}",
+            f"monitor {follower.monitor.name!r} stops taking its loss from a loss module: {note}",
+        )
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -278,14 +307,20 @@ def _loss_source(from_output: bool, loss_modules: list[nn.Module], several: bool
     if from_output:
         return "the model's output (its loss)", None
     if several and loss_modules:
-        return None, ("several models are trained, and a loss module's calls cannot be told apart by model; give "
-                      "the loss with ray_ormas.monitor(model, optimizer) and mon.step(loss)")
+        return None, (
+            "several models are trained, and a loss module's calls cannot be told apart by model; give "
+            "the loss with ray_ormas.monitor(model, optimizer) and mon.step(loss)"
+        )
     if len(loss_modules) == 1:
         return f"{type(loss_modules[0]).__name__} (the loss module called on the model's output)", None
     if loss_modules:
         kinds = ", ".join(type(m).__name__ for m in loss_modules)
-        return None, (f"several loss modules ({kinds}) take the model's output, so the loss is not known; give it "
-                      f"with ray_ormas.monitor(model, optimizer) and mon.step(loss)")
-    return None, ("no loss module took the model's output (a functional loss such as F.cross_entropy, or none); the "
-                  "monitor runs without loss checks. Give the loss with ray_ormas.monitor(model, optimizer) and "
-                  "mon.step(loss), or compute it with a loss module (nn.CrossEntropyLoss())")
+        return None, (
+            f"several loss modules ({kinds}) take the model's output, so the loss is not known; give it "
+            f"with ray_ormas.monitor(model, optimizer) and mon.step(loss)"
+        )
+    return None, (
+        "no loss module took the model's output (a functional loss such as F.cross_entropy, or none); the "
+        "monitor runs without loss checks. Give the loss with ray_ormas.monitor(model, optimizer) and "
+        "mon.step(loss), or compute it with a loss module (nn.CrossEntropyLoss())"
+    )

@@ -32,6 +32,7 @@ new record segment; docs/fault-tolerance.md says what that changes.
 Hooks relied on: `ray.train.get_checkpoint`, `ray.train.Checkpoint.from_directory`,
 `ray.train.get_context` (rank), `torch.distributed` (gather of the random states).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,16 +47,20 @@ import ray.train
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 logger = logging.getLogger("ray_ormas.checkpointing")
 
 STATE_FILE = "state.pt"
 FORMAT = "ray-ormas-checkpoint/1"
 TEMPORARY_PREFIX = "ray-ormas-ckpt-"
-_temporary: set[str] = set()         # the folders save_checkpoint made in this process
+_temporary: set[str] = set()  # the folders save_checkpoint made in this process
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,17 @@ class TrainState:
     checkpoint: ray.train.Checkpoint | None = None
 
 
-def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, epoch: int = 0,
-                    step: int = 0, scaler: Any = None, sampler: Any = None, extra: dict[str, Any] | None = None,
-                    directory: str | Path | None = None) -> ray.train.Checkpoint | None:
+def save_checkpoint(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    epoch: int = 0,
+    step: int = 0,
+    scaler: Any = None,
+    sampler: Any = None,
+    extra: dict[str, Any] | None = None,
+    directory: str | Path | None = None,
+) -> ray.train.Checkpoint | None:
     """Gather the training state and write it on rank 0; call on every rank (a collective under
     FSDP). Returns a `ray.train.Checkpoint` on rank 0 and None elsewhere: pass it on to
     `ray_ormas.report(metrics, checkpoint=...)` on every rank."""
@@ -81,9 +94,17 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     rng = _gather(_rng_state())
     if _rank() != 0:
         return None
-    state = {"format": FORMAT, "epoch": epoch, "step": step, "model": model_state, "optimizer": optim_state,
-             "scaler": scaler.state_dict() if scaler is not None else None,
-             "sampler_epoch": getattr(sampler, "epoch", None), "rng": rng, "extra": dict(extra or {})}
+    state = {
+        "format": FORMAT,
+        "epoch": epoch,
+        "step": step,
+        "model": model_state,
+        "optimizer": optim_state,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "sampler_epoch": getattr(sampler, "epoch", None),
+        "rng": rng,
+        "extra": dict(extra or {}),
+    }
     out = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     out.mkdir(parents=True, exist_ok=True)
     torch.save(state, out / STATE_FILE)
@@ -98,8 +119,14 @@ def is_temporary(checkpoint: ray.train.Checkpoint) -> bool:
     return checkpoint.path in _temporary
 
 
-def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, scaler: Any = None,
-                    sampler: Any = None, checkpoint: ray.train.Checkpoint | None = None) -> TrainState | None:
+def load_checkpoint(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    scaler: Any = None,
+    sampler: Any = None,
+    checkpoint: ray.train.Checkpoint | None = None,
+) -> TrainState | None:
     """Restore what `save_checkpoint` saved, identically on every rank; call on every rank.
 
     `checkpoint` defaults to `ray.train.get_checkpoint()` (the run's latest, after a restart or
@@ -110,13 +137,16 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     with checkpoint.as_directory() as d:
         path = Path(d) / STATE_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint.path} has no {STATE_FILE}: it was not written by "
-                                    f"ray_ormas.save_checkpoint. Load it with your own code, or pass checkpoint=None "
-                                    f"to start fresh")
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint.path} has no {STATE_FILE}: it was not written by "
+                f"ray_ormas.save_checkpoint. Load it with your own code, or pass checkpoint=None "
+                f"to start fresh"
+            )
         state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {checkpoint.path} has format {state.get('format')!r}; this ray-ormas reads "
-                         f"{FORMAT!r}")
+        raise ValueError(
+            f"checkpoint {checkpoint.path} has format {state.get('format')!r}; this ray-ormas reads {FORMAT!r}"
+        )
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state["model"], options=full)
     if optimizer is not None:
@@ -162,8 +192,12 @@ def _rng_state() -> dict[str, Any]:
 def _restore_rng(states: list[dict[str, Any]]) -> None:
     rank = _rank()
     if rank >= len(states):
-        logger.warning("[ray-ormas] the checkpoint holds random states for %d ranks; rank %d keeps its own "
-                       "(the world size changed)", len(states), rank)
+        logger.warning(
+            "[ray-ormas] the checkpoint holds random states for %d ranks; rank %d keeps its own "
+            "(the world size changed)",
+            len(states),
+            rank,
+        )
         return
     state = states[rank]
     torch.set_rng_state(state["torch"])
@@ -173,6 +207,7 @@ def _restore_rng(states: list[dict[str, Any]]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
     if "numpy" in state:
         import numpy
+
         kind, keys, pos, has_gauss, cached = state["numpy"]
         numpy.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 

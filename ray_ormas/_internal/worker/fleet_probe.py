@@ -23,6 +23,7 @@ all-gathers, so `forward_s` there is not wait-free (docs/fleet-health.md).
 Hooks relied on: `nn.Module.register_forward_pre_hook` / `register_forward_hook`, the
 monitor's public `step_count`, `checks` and `check_every`, `ray.util.get_node_ip_address`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, read_per_device
 
-GROUPS = 64                 # the parameter list is cut into at most this many digest groups
+GROUPS = 64  # the parameter list is cut into at most this many digest groups
 NONFINITE_LAYERS_SHOWN = 8
 
 
@@ -53,7 +54,7 @@ class RankProbe:
         first = next(iter(model.parameters()), None)
         self._cuda = first is not None and first.is_cuda
         self._handles: list[Any] = []
-        self._t_end = time.perf_counter()   # step 0 is sampled: its data time runs from here (warm-up)
+        self._t_end = time.perf_counter()  # step 0 is sampled: its data time runs from here (warm-up)
         self._t_step: float | None = None
         self._data_s: float | None = None
         self._forward_s = 0.0
@@ -71,9 +72,11 @@ class RankProbe:
         self._t_step = self._data_s = self._started = None
         self._forward_s, self._forwards, self._events = 0.0, 0, []
         if not self._handles:
-            self._handles = [self._outer.register_forward_pre_hook(self._outer_pre),
-                             self._inner.register_forward_pre_hook(self._inner_pre),
-                             self._inner.register_forward_hook(self._inner_post)]
+            self._handles = [
+                self._outer.register_forward_pre_hook(self._outer_pre),
+                self._inner.register_forward_pre_hook(self._inner_pre),
+                self._inner.register_forward_hook(self._inner_post),
+            ]
         self.armed = True
 
     def step_called(self) -> None:
@@ -124,22 +127,32 @@ class RankProbe:
         try:
             facts = self._facts(check, step, loss, wall)
             self._ledger.fleet_facts.remote(self._token, facts)
-        except Exception:       # a failed read or a gone ledger: the next check tries again
+        except Exception:  # a failed read or a gone ledger: the next check tries again
             pass
 
     def _facts(self, check: int, step: int, loss: torch.Tensor | float | None, wall: float) -> dict[str, Any]:
         forward = self._forward_s
-        if self._events:                    # the monitor's check has synchronized the device
+        if self._events:  # the monitor's check has synchronized the device
             forward = sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
         digest, groups, bad_layers = self._readings()
         loss_value = _loss_value(loss)
-        facts = {"rank": self._rank, "node": self._node, "check": check, "step": step,
-                 "data_s": self._data_s, "forward_s": forward if self._forwards else None, "wall_s": wall,
-                 "forwards": self._forwards, "loss": loss_value,
-                 "nonfinite_loss": loss_value is not None and not math.isfinite(loss_value),
-                 "nonfinite_layers": bad_layers, "digest": digest, "groups": groups}
+        facts = {
+            "rank": self._rank,
+            "node": self._node,
+            "check": check,
+            "step": step,
+            "data_s": self._data_s,
+            "forward_s": forward if self._forwards else None,
+            "wall_s": wall,
+            "forwards": self._forwards,
+            "loss": loss_value,
+            "nonfinite_loss": loss_value is not None and not math.isfinite(loss_value),
+            "nonfinite_layers": bad_layers,
+            "digest": digest,
+            "groups": groups,
+        }
         if self._group_names is not None and check <= 1:
-            facts["group_names"] = self._group_names      # once per attempt (and once more, for safety)
+            facts["group_names"] = self._group_names  # once per attempt (and once more, for safety)
         return facts
 
     @torch.no_grad()
@@ -150,8 +163,9 @@ class RankProbe:
         rows = read_per_device(sums)
         raw = [r[:2].tobytes() for r in rows]
         bounds = _group_bounds(len(labels))
-        groups = [hashlib.sha256(b"".join(raw[a:b]) + "|".join(labels[a:b]).encode()).hexdigest()[:8]
-                  for a, b in bounds]
+        groups = [
+            hashlib.sha256(b"".join(raw[a:b]) + "|".join(labels[a:b]).encode()).hexdigest()[:8] for a, b in bounds
+        ]
         if self._group_names is None:
             self._group_names = [[_name(labels[a]), _name(labels[b - 1])] for a, b in bounds]
         bad: list[str] = []

@@ -4,6 +4,7 @@ Built on the driver (driver/trainer.py) and pickled by Ray; on the worker it ope
 (session.py), turns on zero-change adoption for the length of the loop (adoption.py), closes every
 monitor when the loop returns or raises, and re-raises the loop's own exception unchanged.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -38,6 +39,7 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
         finally:
             adoption.remove()
             activate(None)
+
     # Not functools.wraps: Ray reads the signature (and __wrapped__) to decide whether to pass config.
     train_fn.__name__ = train_fn.__qualname__ = getattr(user_fn, "__name__", "train_loop")
     return train_fn

@@ -7,6 +7,7 @@ to the last micro-batch's autograd graph (an exact zero is added through it), be
 monitor's first check walks that graph to learn which ReLU consumes each layer, which its
 dead-channel certificate needs. Relies on nothing but torch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,7 @@ class MicroStepLosses:
     """Sum of the micro-batch losses since the last `take()`, and the last one's graph."""
 
     def __init__(self) -> None:
-        self._only: torch.Tensor | None = None      # the first micro-batch's loss, as given
+        self._only: torch.Tensor | None = None  # the first micro-batch's loss, as given
         self._sum: torch.Tensor | None = None
         self._last_with_graph: torch.Tensor | None = None
         self._count = 0
@@ -48,14 +49,14 @@ class MicroStepLosses:
     def take_mean(self, keep_graph: bool = False) -> torch.Tensor | None:
         """The mean since the last call (None if nothing was added: not the same as 0), and reset.
         `keep_graph`: still attached to the last micro-batch's autograd graph."""
-        if self._only is not None:      # one micro-batch: its loss itself, graph included
+        if self._only is not None:  # one micro-batch: its loss itself, graph included
             only, self._only, self._count = self._only, None, 0
             return only
         total, last, count = self._sum, self._last_with_graph, self._count
         self._sum, self._last_with_graph, self._count = None, None, 0
         if total is None:
             return None
-        mean = total if count == 1 else total / count      # one micro-batch: no device op
+        mean = total if count == 1 else total / count  # one micro-batch: no device op
         if keep_graph and last is not None and last.grad_fn is not None:
             last = last.float().mean()
             mean = mean + (last - last.detach())

@@ -6,6 +6,7 @@ callback through `Attach.build`), the record's store (record/), `ray.get_runtime
 for the node a staging folder lives on, and the run ledger's actor calls (`set_record`,
 `add_staging`, `drop_staging`, `fleet_offset`), which it never awaits.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ logger = logging.getLogger("ray_ormas.worker")
 
 class Session(Protocol):
     """What a monitor needs of its worker's session (session.py)."""
+
     plan: WorkerPlan
     rank: int
     world_size: int
@@ -44,17 +46,26 @@ class Session(Protocol):
 
     def resumed_from(self) -> dict[str, Any] | None: ...
 
-    def report(self, kind: str, metrics: dict[str, Any], checkpoint: Any, step: int | None = None,
-               **kwargs: Any) -> None: ...
+    def report(
+        self, kind: str, metrics: dict[str, Any], checkpoint: Any, step: int | None = None, **kwargs: Any
+    ) -> None: ...
 
 
 class WorkerMonitor:
     """One rank's monitor. `step(loss)` after backward, before optimizer.step(); `.monitor` is the
     ormas-monitor `Monitor` itself. Closed by ray-ormas when the loop ends."""
 
-    def __init__(self, session: Session, name: str, model: nn.Module,
-                 optimizer: torch.optim.Optimizer | None, scaler: Any,
-                 sinks: Sequence[Callable[[str, dict], None]], *, attach: Attach | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        name: str,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        scaler: Any,
+        sinks: Sequence[Callable[[str, dict], None]],
+        *,
+        attach: Attach | None = None,
+    ) -> None:
         plan = session.plan
         attach = attach or Attach()
         self.name = name
@@ -69,38 +80,57 @@ class WorkerMonitor:
         self._primary = not session.monitors
         self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
         self._last_loss: torch.Tensor | float | None = None
-        self._window = MicroStepLosses()    # micro-step losses of the current optimizer step
+        self._window = MicroStepLosses()  # micro-step losses of the current optimizer step
         self._micro_steps = False
         self._closed = False
-        self.framework_closed = False       # the framework's callback closed the Monitor (ray-ormas persists later)
+        self.framework_closed = False  # the framework's callback closed the Monitor (ray-ormas persists later)
         self._report_path: Path | None = None
-        self._upload_failed = False         # some upload failed (reported once)
-        self._uploaded = False              # the last upload went through
+        self._upload_failed = False  # some upload failed (reported once)
+        self._uploaded = False  # the last upload went through
         # Rank 0 only: the segment's path in the store, and the local folder the monitor writes
         # to (the same folder on a local store, a staging folder otherwise).
         self.segment_path: str | None = None
         self.record_dir: Path | None = None
         self.step_offset = 0
         if session.rank == 0:
-            link = segment_link(plan.store, name, run_name=plan.run_name, fit_id=plan.fit_id,
-                                attempt=session.attempt, world_size=session.world_size,
-                                resumed_from=session.resumed_from())
-            link.update(strategy=plan.strategy, batch=plan.batch, metric_prefix=self._prefix.rstrip("/"),
-                        step_offset=link["step_offset"] + attach.first_step)
+            link = segment_link(
+                plan.store,
+                name,
+                run_name=plan.run_name,
+                fit_id=plan.fit_id,
+                attempt=session.attempt,
+                world_size=session.world_size,
+                resumed_from=session.resumed_from(),
+            )
+            link.update(
+                strategy=plan.strategy,
+                batch=plan.batch,
+                metric_prefix=self._prefix.rstrip("/"),
+                step_offset=link["step_offset"] + attach.first_step,
+            )
             if attach.facts:
                 link["attached"] = attach.facts
             self.step_offset = link["step_offset"]
             self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
-        self._upload = (IncrementalUpload(plan.store, self.record_dir, self.segment_path)
-                        if self.record_dir is not None and self.segment_path is not None and not plan.store.is_local
-                        else None)
-        self.tracker = (RowForwarder(plan.ledger, self._prefix.rstrip("/"), session.attempt, self.step_offset,
-                                     self._primary) if session.rank == 0 and plan.tracked else None)
+        self._upload = (
+            IncrementalUpload(plan.store, self.record_dir, self.segment_path)
+            if self.record_dir is not None and self.segment_path is not None and not plan.store.is_local
+            else None
+        )
+        self.tracker = (
+            RowForwarder(plan.ledger, self._prefix.rstrip("/"), session.attempt, self.step_offset, self._primary)
+            if session.rank == 0 and plan.tracked
+            else None
+        )
         own: list[Callable[[str, dict], None]] = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
         if plan.settings.progress and session.rank == 0:
             own.append(ProgressPrinter(name))
-        kwargs = {"out": self.record_dir or Path(plan.store.monitor_dir(name)), "name": f"{plan.run_name}/{name}",
-                  "sinks": [*own, *sinks], **plan.settings.monitor_kwargs()}
+        kwargs = {
+            "out": self.record_dir or Path(plan.store.monitor_dir(name)),
+            "name": f"{plan.run_name}/{name}",
+            "sinks": [*own, *sinks],
+            **plan.settings.monitor_kwargs(),
+        }
         try:
             if attach.build is not None:
                 self.monitor = attach.build(kwargs)
@@ -114,8 +144,15 @@ class WorkerMonitor:
         if self.segment_path is not None:
             plan.ledger.set_record.remote(name, self.segment_path)
             if not plan.store.is_local:
-                plan.ledger.add_staging.remote(Staging(name, self.segment_path, str(self.record_dir),
-                                                       ray.get_runtime_context().get_node_id(), session.node()))
+                plan.ledger.add_staging.remote(
+                    Staging(
+                        name,
+                        self.segment_path,
+                        str(self.record_dir),
+                        ray.get_runtime_context().get_node_id(),
+                        session.node(),
+                    )
+                )
         self._probe: RankProbe | None = None
         if plan.fleet and self._primary:
             if session.rank == 0:
@@ -142,7 +179,7 @@ class WorkerMonitor:
             link = json.loads(path.read_text())
             link["attached"] = {**link.get("attached", {}), **facts}
             path.write_text(json.dumps(link, indent=1, sort_keys=True) + "\n")
-        except (OSError, ValueError) as e:     # telemetry never breaks training
+        except (OSError, ValueError) as e:  # telemetry never breaks training
             logger.warning("[ray-ormas] could not update %s (%s: %s)", path, type(e).__name__, e)
 
     def micro_step(self, loss: torch.Tensor | float) -> None:
@@ -181,15 +218,15 @@ class WorkerMonitor:
             self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) and loss.requires_grad else loss
         if monitor.checks == checks:
             if probe is not None and monitor.step_count % monitor.check_every == 0:
-                probe.arm()                     # the next step is sampled
-            return                              # an unsampled step: nothing more to do
+                probe.arm()  # the next step is sampled
+            return  # an unsampled step: nothing more to do
         if probe is not None:
             step = monitor.step_count - 1
             probe.checked(monitor.checks - 1, step, loss)
             if monitor.step_count % monitor.check_every == 0:
                 probe.arm()
         if self.record_dir is not None:
-            flush_metrics(monitor)              # the row is on disk before the next step can crash
+            flush_metrics(monitor)  # the row is on disk before the next step can crash
         every = self._session.plan.settings.report_every
         if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)
@@ -204,28 +241,40 @@ class WorkerMonitor:
             flush_metrics(self.monitor)
         try:
             if self._upload is not None and self._closed:
-                self._upload.finish()               # object storage: every file whole, once
+                self._upload.finish()  # object storage: every file whole, once
             elif self._upload is not None:
-                self._upload.push()                 # object storage: what is new since the last time
+                self._upload.push()  # object storage: what is new since the last time
             self._uploaded = True
-        except Exception as e:              # telemetry never breaks training
+        except Exception as e:  # telemetry never breaks training
             self._uploaded = False
             self._upload_error(e)
         steps = self.monitor.step_count
-        return {"segment": Path(self.segment_path).name, "path": self.segment_path,
-                "events": self.buffer.events_written, "last_hash": self.buffer.last_hash,
-                "metrics_rows": self.buffer.rows_written, "steps": steps, "run_steps": self.step_offset + steps}
+        return {
+            "segment": Path(self.segment_path).name,
+            "path": self.segment_path,
+            "events": self.buffer.events_written,
+            "last_hash": self.buffer.last_hash,
+            "metrics_rows": self.buffer.rows_written,
+            "steps": steps,
+            "run_steps": self.step_offset + steps,
+        }
 
     def _upload_error(self, e: Exception) -> None:
         error = f"{type(e).__name__}: {e}"
         where = self._session.plan.store.shown(self.segment_path)
         if not self._upload_failed:
-            logger.warning("[ray-ormas] could not persist the record of monitor %r to %s (%s); training goes on, the "
-                           "record is kept at %s on this node and is uploaded again at the next checkpoint and at the "
-                           "end", self.name, where, error, self.record_dir)
+            logger.warning(
+                "[ray-ormas] could not persist the record of monitor %r to %s (%s); training goes on, the "
+                "record is kept at %s on this node and is uploaded again at the next checkpoint and at the "
+                "end",
+                self.name,
+                where,
+                error,
+                self.record_dir,
+            )
         self._upload_failed = True
         diary = self.monitor.diary
-        if not self._closed and diary is not None:       # the buffer counts it as a record error
+        if not self._closed and diary is not None:  # the buffer counts it as a record error
             self.buffer("event", diary.write("sink_error", sink=f"ray-ormas upload to {where}", error=error))
         else:
             self.buffer.record_errors += 1
@@ -265,9 +314,14 @@ class WorkerMonitor:
             shutil.rmtree(self.record_dir, ignore_errors=True)
             self._session.plan.ledger.drop_staging.remote(self.segment_path)
             return
-        logger.warning("[ray-ormas] the record of monitor %r could not be uploaded to %s when training ended; it is "
-                       "kept whole at %s on node %s, and the driver tries again when the fit ends", self.name,
-                       store.shown(self.segment_path), self.record_dir, self._session.node())
+        logger.warning(
+            "[ray-ormas] the record of monitor %r could not be uploaded to %s when training ended; it is "
+            "kept whole at %s on node %s, and the driver tries again when the fit ends",
+            self.name,
+            store.shown(self.segment_path),
+            self.record_dir,
+            self._session.node(),
+        )
 
     def metrics(self) -> dict[str, Any]:
         """This rank's `ormas/...` facts for a report (rank 0 adds its record rows)."""
@@ -277,9 +331,11 @@ class WorkerMonitor:
             out.update(rank0_metrics(p, self.buffer, self.monitor.counts))
             out[f"{p}checks"] = self.monitor.checks
             out[f"{p}record_dir"] = self._session.plan.store.shown(self.segment_path)
-            out[f"{p}report_path"] = (self._session.plan.store.shown(f"{self.segment_path}/{self._report_path.name}")
-                                      if self._report_path else None)
+            out[f"{p}report_path"] = (
+                self._session.plan.store.shown(f"{self.segment_path}/{self._report_path.name}")
+                if self._report_path
+                else None
+            )
             out[f"{p}step_offset"] = self.step_offset
             out[f"{p}record_errors"] = self.buffer.record_errors
         return out
-

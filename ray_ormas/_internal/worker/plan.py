@@ -4,6 +4,7 @@
 Train worker runs (loop.py); `Attach` is how the automatic mode (auto_monitor.py) and the
 framework callbacks (integrations/) hand a monitor's construction to the session.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,23 +18,24 @@ from ray_ormas._internal.record.store import RecordStore
 @dataclass(frozen=True)
 class WorkerPlan:
     """Everything the driver sends to every worker (pickled into the train function)."""
+
     settings: MonitorSettings
     strategy: str
     store: RecordStore
     run_name: str
     fit_id: str
     ledger: Any
-    tracked: bool = False                       # the ledger's MLflow writer takes rank 0's rows
-    fleet: bool = False                         # every rank sends fleet facts at every check
+    tracked: bool = False  # the ledger's MLflow writer takes rank 0's rows
+    fleet: bool = False  # every rank sends fleet facts at every check
     sync_batchnorm: bool = False
-    batch: dict[str, Any] | None = None         # BatchSize.to_dict(world size), when the trainer has one
+    batch: dict[str, Any] | None = None  # BatchSize.to_dict(world size), when the trainer has one
     # Ray Train's local mode (the loop runs in the driver): the ledger's controller callback, which
     # no controller calls there, for the session to call (head/ledger_callback.py)
     local_reports: Any = None
-    frameworks: tuple[str, ...] = ()            # Lightning / Transformers, if the loop uses them (adoption.py)
+    frameworks: tuple[str, ...] = ()  # Lightning / Transformers, if the loop uses them (adoption.py)
 
 
-EXPLICIT = "ray_ormas.monitor"      # Attach.by of a monitor the loop built itself
+EXPLICIT = "ray_ormas.monitor"  # Attach.by of a monitor the loop built itself
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,10 @@ class Attach:
     """How a monitor is built when not by `ray_ormas.monitor(...)` in the loop: by the automatic
     mode at an optimizer's first step (auto_monitor.py), or by ormas-monitor's own Lightning or
     Transformers callback (lightning.py, transformers.py)."""
-    by: str = EXPLICIT
-    facts: dict[str, Any] | None = None     # written to the segment's link (segment.json) as "attached"
-    first_step: int = 0                     # loop steps taken before the monitor's step 0
-    build: Callable[[dict[str, Any]], Any] | None = None     # builds the Monitor from ray-ormas's keyword arguments
-    close: Callable[[], Path | None] | None = None           # closes it the framework's way; returns the report
-    exclusive: bool = False                 # a framework steps it for every optimizer: nothing else attaches
 
+    by: str = EXPLICIT
+    facts: dict[str, Any] | None = None  # written to the segment's link (segment.json) as "attached"
+    first_step: int = 0  # loop steps taken before the monitor's step 0
+    build: Callable[[dict[str, Any]], Any] | None = None  # builds the Monitor from ray-ormas's keyword arguments
+    close: Callable[[], Path | None] | None = None  # closes it the framework's way; returns the report
+    exclusive: bool = False  # a framework steps it for every optimizer: nothing else attaches

@@ -6,6 +6,7 @@ turns that into an error naming the ranks (`RankMismatchError`, `RankSyncTimeout
 Hooks relied on: the run ledger's actor calls `arrive` and `arrived` (head/ledger.py), awaited
 with a timeout through `ray.get`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,17 @@ from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas.errors import RankMismatchError, RankSyncTimeoutError
 
 
-def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: str, step: int,
-         timeout_s: float, checkpoint: bool = False) -> dict[int, Arrival]:
+def meet(
+    ledger: Any,
+    token: str,
+    seq: int,
+    rank: int,
+    world_size: int,
+    kind: str,
+    step: int,
+    timeout_s: float,
+    checkpoint: bool = False,
+) -> dict[int, Arrival]:
     """Meet every other rank at the ledger before report number `seq`; raise instead of hanging.
 
     Returns {rank: Arrival}. Raises RankMismatchError if ranks are at different kinds of
@@ -35,18 +45,21 @@ def meet(ledger: Any, token: str, seq: int, rank: int, world_size: int, kind: st
             f"collective (a DDP all-reduce) for a rank that already finished its loop: "
             f"{_describe(seen)}. Give every rank the same number of batches (ray.train.torch."
             f"prepare_data_loader or a DistributedSampler with drop_last), or raise sync_timeout_s if a rank "
-            f"is legitimately slower") from None
+            f"is legitimately slower"
+        ) from None
     kinds = {a.kind for a in seen.values()}
     if len(kinds) > 1:
         raise RankMismatchError(
             f"ranks reached different ray-ormas reports at report #{seq}: {_describe(seen)}. Every rank "
             f"must run the same number of optimizer steps and call ray_ormas.report the same number of "
             f"times (ray.train.report is a barrier); give every rank the same number of batches "
-            f"(ray.train.torch.prepare_data_loader or a DistributedSampler with drop_last)")
+            f"(ray.train.torch.prepare_data_loader or a DistributedSampler with drop_last)"
+        )
     return seen
 
 
 def _describe(seen: dict[int, Arrival]) -> str:
     what = {"final": "finished its loop", "user": "called ray_ormas.report", "periodic": "reached a periodic report"}
-    return "; ".join(f"rank {r} {what.get(a.kind, a.kind)} after {a.step} monitor steps"
-                     for r, a in sorted(seen.items()))
+    return "; ".join(
+        f"rank {r} {what.get(a.kind, a.kind)} after {a.step} monitor steps" for r, a in sorted(seen.items())
+    )

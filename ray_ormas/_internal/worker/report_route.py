@@ -12,6 +12,7 @@ behaviors is wanted". It is private, so `check_report_seam` compares it with Ray
 (`report`'s parameters) and names what changed; a changed seam leaves reports unrouted, loudly,
 and never stops training. ray-ormas's own reports pass straight through (`passing_through`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,16 +21,24 @@ import logging
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
 from ray_ormas.errors import RaySeamChanged
 
 logger = logging.getLogger("ray_ormas.report_route")
 
 SEAM_MODULE = "ray.train.v2._internal.execution.train_fn_utils"
-REPORT_PARAMETERS = ("self", "metrics", "checkpoint", "checkpoint_dir_name", "checkpoint_upload_mode",
-                     "delete_local_checkpoint_after_upload", "checkpoint_upload_fn", "validation")
+REPORT_PARAMETERS = (
+    "self",
+    "metrics",
+    "checkpoint",
+    "checkpoint_dir_name",
+    "checkpoint_upload_mode",
+    "delete_local_checkpoint_after_upload",
+    "checkpoint_upload_fn",
+    "validation",
+)
 
-Route = Callable[[dict[str, Any], Any, dict[str, Any]], None]   # (metrics, checkpoint, other keyword arguments)
-
+Route = Callable[[dict[str, Any], Any, dict[str, Any]], None]  # (metrics, checkpoint, other keyword arguments)
 
 
 def check_report_seam() -> Any:
@@ -79,10 +88,13 @@ class ReportRoute:
         try:
             module = check_report_seam()
         except RaySeamChanged as e:
-            logger.error("[ray-ormas] the loop's own ray.train.report calls cannot carry the record on this Ray "
-                         "version (%s): its checkpoints get no record pointer and its reports no ormas/ facts. "
-                         "Training goes on; call ray_ormas.report(...) instead, or install the Ray version CI "
-                         "tests (ray==2.60.0)", e)
+            logger.error(
+                "[ray-ormas] the loop's own ray.train.report calls cannot carry the record on this Ray "
+                "version (%s): its checkpoints get no record pointer and its reports no ormas/ facts. "
+                "Training goes on; call ray_ormas.report(...) instead, or install the Ray version CI "
+                "tests (ray==2.60.0)",
+                e,
+            )
             return False
         self._module, self._inner = module, module.get_train_fn_utils()
         module.set_train_fn_utils(_RoutedTrainFnUtils(self._inner, self._route, self._local))

@@ -13,6 +13,7 @@ int64 checksums of the raw bits (plain and position-weighted), then sha256 over 
 and checksums. Any bit that differs between two replicas changes it (barring a checksum
 collision, which no real divergence produces); it is not a cryptographic hash of the weights.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,7 @@ from ray_ormas._internal.fleet.digest import parameter_digest
 
 progress = logging.getLogger("ray_ormas.progress")
 
-EVENT_LIMIT = 200          # events carried per report; the rest are counted, and stay in the record
+EVENT_LIMIT = 200  # events carried per report; the rest are counted, and stay in the record
 _EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosis")
 
 
@@ -49,9 +50,11 @@ class ProgressPrinter:
         layers = sum(1 for v in stuck.values() if sum(v))
         loss = payload.get("loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
-        progress.info(f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
-                      f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
-                      f"repaired {self.repairs:>4} ch")
+        progress.info(
+            f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
+            f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
+            f"repaired {self.repairs:>4} ch"
+        )
 
     def __repr__(self) -> str:
         return f"ray_ormas.ProgressPrinter({self.name!r})"
@@ -66,8 +69,8 @@ class RecordBuffer:
         self.dropped = 0
         self.certificates = 0
         self.record_errors = 0
-        self.rows_written = 0               # metrics rows and diary lines so far: a checkpoint's
-        self.events_written = 0             # pointer into the record (see segments.py)
+        self.rows_written = 0  # metrics rows and diary lines so far: a checkpoint's
+        self.events_written = 0  # pointer into the record (see segments.py)
         self.last_hash: str | None = None
 
     def __call__(self, kind: str, payload: dict) -> None:
@@ -116,13 +119,13 @@ def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> 
     return out
 
 
-def rank_facts(prefix: str, rank: int, last_loss: torch.Tensor | float | None, model: nn.Module,
-               steps: int) -> dict[str, Any]:
+def rank_facts(
+    prefix: str, rank: int, last_loss: torch.Tensor | float | None, model: nn.Module, steps: int
+) -> dict[str, Any]:
     """Facts every rank reports: rank, its own last loss, its steps, and its parameter digest."""
     loss = None
     if isinstance(last_loss, torch.Tensor):
         loss = float(last_loss.detach().float().mean()) if last_loss.numel() else None
     elif last_loss is not None:
         loss = float(last_loss)
-    return {f"{prefix}rank_loss": loss, f"{prefix}rank_steps": steps,
-            f"{prefix}param_digest": parameter_digest(model)}
+    return {f"{prefix}rank_loss": loss, f"{prefix}rank_steps": steps, f"{prefix}param_digest": parameter_digest(model)}

@@ -7,6 +7,7 @@ mlflow, never reach the tracking server and never hold its credentials.
 
 Hooks relied on: ormas-monitor's sink protocol `sink(kind, payload)`; the ledger's actor calls.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,10 +45,14 @@ class RowForwarder:
             return
         try:
             method.remote(*args)
-        except Exception as e:                  # telemetry never breaks training; the record has it all
+        except Exception as e:  # telemetry never breaks training; the record has it all
             self._failed = True
-            logger.warning("[ray-ormas] could not hand MLflow rows to the head node (%s: %s); the record keeps "
-                           "them and the fit's end sends them from there", type(e).__name__, e)
+            logger.warning(
+                "[ray-ormas] could not hand MLflow rows to the head node (%s: %s); the record keeps "
+                "them and the fit's end sends them from there",
+                type(e).__name__,
+                e,
+            )
 
     def __repr__(self) -> str:
         return f"ray_ormas.RowForwarder({self._prefix})"

@@ -38,6 +38,7 @@ through Ray) gets its monitors from adoption.py: `WorkerSession.add_monitor` wit
 saying how (the optimizer step hook, or a framework callback that builds the `Monitor` itself),
 and its own `ray.train.report` calls come to `WorkerSession.route_report`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,8 @@ from ray_ormas._internal.worker.rendezvous import meet
 logger = logging.getLogger("ray_ormas.worker")
 
 _SESSION: WorkerSession | None = None
-RANK0_START_GRACE_S = 2.0      # a failing rank waits this long for rank 0 to start closing its record
-RANK0_FINISH_GRACE_S = 60.0    # ... and this long for it to finish (run_end, reports, upload)
+RANK0_START_GRACE_S = 2.0  # a failing rank waits this long for rank 0 to start closing its record
+RANK0_FINISH_GRACE_S = 60.0  # ... and this long for it to finish (run_end, reports, upload)
 
 
 def current_session() -> WorkerSession | None:
@@ -86,12 +87,13 @@ class WorkerSession:
         self.monitors: dict[str, WorkerMonitor] = {}
         self.reports = 0
         from ray.train.collective import broadcast_from_rank_zero
+
         self.token: str = broadcast_from_rank_zero(uuid.uuid4().hex if self.rank == 0 else None)
         self.attempt = ray.get(plan.ledger.begin_attempt.remote(self.token), timeout=60) if self.rank == 0 else 0
         self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
-        self.report_route: Any = None           # report_route.ReportRoute while the loop's reports are routed
+        self.report_route: Any = None  # report_route.ReportRoute while the loop's reports are routed
 
     def node(self) -> str:
         """This worker's node IP address (read once)."""
@@ -108,23 +110,34 @@ class WorkerSession:
             if checkpoint is not None:
                 try:
                     record = checkpoint.get_metadata().get("ormas")
-                except Exception:           # a checkpoint without readable metadata still resumes
+                except Exception:  # a checkpoint without readable metadata still resumes
                     record = None
                 self._resumed_from = {"checkpoint": checkpoint.path, "record": record}
         return self._resumed_from
 
-    def add_monitor(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, name: str, scaler: Any,
-                    sinks: Sequence[Callable[[str, dict], None]], attach: Attach | None = None) -> WorkerMonitor:
+    def add_monitor(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        name: str,
+        scaler: Any,
+        sinks: Sequence[Callable[[str, dict], None]],
+        attach: Attach | None = None,
+    ) -> WorkerMonitor:
         owner = self.monitor_of(model)
         if owner is not None:
             raise ValueError(_claimed(owner, type(model).__name__))
         if name in self.monitors:
-            raise ValueError(f"this rank already has a monitor named {name!r}; give each independently "
-                             f"stepped model its own name, e.g. ray_ormas.monitor(disc, opt_d, name='discriminator')")
+            raise ValueError(
+                f"this rank already has a monitor named {name!r}; give each independently "
+                f"stepped model its own name, e.g. ray_ormas.monitor(disc, opt_d, name='discriminator')"
+            )
         if self.plan.settings.repair and optimizer is None and (attach is None or attach.build is None):
-            raise ValueError(f"the trainer has repair={self.plan.settings.repair!r}, which needs the optimizer to "
-                             f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
-                             f"use repair=False to watch only")
+            raise ValueError(
+                f"the trainer has repair={self.plan.settings.repair!r}, which needs the optimizer to "
+                f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
+                f"use repair=False to watch only"
+            )
         mon = WorkerMonitor(self, name, model, optimizer, scaler, sinks, attach=attach)
         self.monitors[name] = mon
         return mon
@@ -151,24 +164,43 @@ class WorkerSession:
         return main.step_offset + main.steps if main is not None else None
 
     def _metrics(self, kind: str, step: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {RANK_KEY: self.rank, "ormas/world_size": self.world_size,
-                               "ormas/report_index": self.reports, "ormas/kind": kind,
-                               "ormas/run_step": step if step is not None else self.run_step()}
+        out: dict[str, Any] = {
+            RANK_KEY: self.rank,
+            "ormas/world_size": self.world_size,
+            "ormas/report_index": self.reports,
+            "ormas/kind": kind,
+            "ormas/run_step": step if step is not None else self.run_step(),
+        }
         if self.plan.batch is not None:
             out["ormas/effective_batch"] = self.plan.batch["effective"]
         for mon in self.monitors.values():
             try:
                 out.update(mon.metrics())
-            except Exception as e:              # telemetry never breaks training
+            except Exception as e:  # telemetry never breaks training
                 out[f"{mon._prefix}report_error"] = f"{type(e).__name__}: {e}"
         return out
 
     def _meet(self, kind: str, checkpoint: bool = False) -> dict[int, Arrival]:
-        return meet(self.plan.ledger, self.token, self.reports, self.rank, self.world_size, kind, self._steps(),
-                    self.plan.settings.sync_timeout_s, checkpoint)
+        return meet(
+            self.plan.ledger,
+            self.token,
+            self.reports,
+            self.rank,
+            self.world_size,
+            kind,
+            self._steps(),
+            self.plan.settings.sync_timeout_s,
+            checkpoint,
+        )
 
-    def report(self, kind: str, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
-               step: int | None = None, **kwargs: Any) -> None:
+    def report(
+        self,
+        kind: str,
+        metrics: dict[str, Any],
+        checkpoint: ray.train.Checkpoint | None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         seen = self._meet(kind, checkpoint is not None)
         if self.rank == 0 and any(a.checkpoint for a in seen.values()):
             # Some rank reports a checkpoint: the record in storage is brought up to it first, and
@@ -177,17 +209,21 @@ class WorkerSession:
             if checkpoint is not None and pointers:
                 try:
                     checkpoint.update_metadata({"ormas": pointers})
-                except Exception as e:      # the user's checkpoint is reported either way
-                    logger.warning("[ray-ormas] could not add the record pointer to the checkpoint's metadata "
-                                   "(%s: %s)", type(e).__name__, e)
+                except Exception as e:  # the user's checkpoint is reported either way
+                    logger.warning(
+                        "[ray-ormas] could not add the record pointer to the checkpoint's metadata (%s: %s)",
+                        type(e).__name__,
+                        e,
+                    )
         payload = {**metrics, **self._metrics(kind, step)}
         self.reports += 1
         if checkpoint is not None and is_temporary(checkpoint):
-            kwargs.setdefault("delete_local_checkpoint_after_upload", True)     # rank 0's disk stays clean
+            kwargs.setdefault("delete_local_checkpoint_after_upload", True)  # rank 0's disk stays clean
         self._ray_report(payload, checkpoint, **kwargs)
 
-    def route_report(self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None,
-                     kwargs: dict[str, Any]) -> None:
+    def route_report(
+        self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None, kwargs: dict[str, Any]
+    ) -> None:
         """The loop's own `ray.train.report(...)` (report_route.py): what `ray_ormas.report` does."""
         check_metrics(metrics)
         self.report("user", metrics, checkpoint, **kwargs)
@@ -198,7 +234,7 @@ class WorkerSession:
                 ray.train.report(payload, checkpoint=checkpoint, **kwargs)
         else:
             ray.train.report(payload, checkpoint=checkpoint, **kwargs)
-        if self.plan.local_reports is not None:     # no controller calls the ledger's callback: do what it would
+        if self.plan.local_reports is not None:  # no controller calls the ledger's callback: do what it would
             ray.get(self.plan.local_reports.forward_report([payload], checkpoint), timeout=60)
 
     def finish(self) -> None:
@@ -209,22 +245,34 @@ class WorkerSession:
             self.abort()
             raise
         if not self.monitors and self.plan.settings.auto_monitor:
-            logger.warning("[ray-ormas] rank %d: no monitor ran: the loop built none, and no optimizer.step() stepped "
-                           "a model it called in training mode. Build one with ray_ormas.monitor(model, optimizer) "
-                           "(docs/adoption.md)", self.rank)
+            logger.warning(
+                "[ray-ormas] rank %d: no monitor ran: the loop built none, and no optimizer.step() stepped "
+                "a model it called in training mode. Build one with ray_ormas.monitor(model, optimizer) "
+                "(docs/adoption.md)",
+                self.rank,
+            )
         steps = {rank: arrival.step for rank, arrival in seen.items()}
         for mon in self.monitors.values():
             try:
                 mon.close()
-            except Exception as e:               # the record stays as written; training succeeded
-                logger.warning("[ray-ormas] rank %d: could not finish the record of monitor %r (%s: %s); "
-                               "`ormas-monitor report %s` rebuilds the reports", self.rank, mon.name,
-                               type(e).__name__, e, mon.record_dir)
+            except Exception as e:  # the record stays as written; training succeeded
+                logger.warning(
+                    "[ray-ormas] rank %d: could not finish the record of monitor %r (%s: %s); "
+                    "`ormas-monitor report %s` rebuilds the reports",
+                    self.rank,
+                    mon.name,
+                    type(e).__name__,
+                    e,
+                    mon.record_dir,
+                )
         final = self._metrics("final")
         final["ormas/steps_per_rank"] = [steps[r] for r in sorted(steps)]
         if self.rank == 0 and len(set(steps.values())) > 1:
-            logger.warning("[ray-ormas] warning: ranks ran different numbers of monitor steps %s; the record follows "
-                           "rank 0, and the replicas may have diverged", final["ormas/steps_per_rank"])
+            logger.warning(
+                "[ray-ormas] warning: ranks ran different numbers of monitor steps %s; the record follows "
+                "rank 0, and the replicas may have diverged",
+                final["ormas/steps_per_rank"],
+            )
         self.reports += 1
         self._ray_report(final, None)
 
@@ -238,17 +286,25 @@ class WorkerSession:
             ledger.rank0_closing.remote(self.token)
         for mon in self.monitors.values():
             try:
-                mon.close()     # run_end carries the pending exception; then the segment is persisted
+                mon.close()  # run_end carries the pending exception; then the segment is persisted
             except Exception as e:
-                logger.warning("[ray-ormas] rank %d: could not close monitor %r after the loop failed (%s: %s); the "
-                               "loop's own error propagates unchanged", self.rank, mon.name, type(e).__name__, e)
+                logger.warning(
+                    "[ray-ormas] rank %d: could not close monitor %r after the loop failed (%s: %s); the "
+                    "loop's own error propagates unchanged",
+                    self.rank,
+                    mon.name,
+                    type(e).__name__,
+                    e,
+                )
         try:
             if self.rank == 0:
                 ray.get(ledger.rank0_closed.remote(self.token), timeout=10)
             else:
-                ray.get(ledger.wait_for_rank0.remote(self.token, RANK0_START_GRACE_S, RANK0_FINISH_GRACE_S),
-                        timeout=RANK0_START_GRACE_S + RANK0_FINISH_GRACE_S + 10)
-        except Exception:       # the ledger is only a courtesy here: the loop's error goes on unchanged
+                ray.get(
+                    ledger.wait_for_rank0.remote(self.token, RANK0_START_GRACE_S, RANK0_FINISH_GRACE_S),
+                    timeout=RANK0_START_GRACE_S + RANK0_FINISH_GRACE_S + 10,
+                )
+        except Exception:  # the ledger is only a courtesy here: the loop's error goes on unchanged
             pass
 
 
@@ -261,12 +317,14 @@ def check_metrics(metrics: Any) -> None:
         raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
 
 
-
 def _claimed(owner: WorkerMonitor, model: str) -> str:
     if owner.attached_by != EXPLICIT:
-        return (f"two monitors claim one model: {model} is already watched by monitor {owner.name!r}, attached by "
-                f"{owner.attached_by}. Call ray_ormas.monitor(model, optimizer) before the model's first "
-                f"optimizer.step() (the loop's own monitor then wins and nothing is attached), or leave it out")
-    return (f"two monitors claim one model: {model} (or a model sharing its parameters) already has monitor "
-            f"{owner.name!r}. Build one monitor per model: ray_ormas.monitor(model, optimizer) once")
-
+        return (
+            f"two monitors claim one model: {model} is already watched by monitor {owner.name!r}, attached by "
+            f"{owner.attached_by}. Call ray_ormas.monitor(model, optimizer) before the model's first "
+            f"optimizer.step() (the loop's own monitor then wins and nothing is attached), or leave it out"
+        )
+    return (
+        f"two monitors claim one model: {model} (or a model sharing its parameters) already has monitor "
+        f"{owner.name!r}. Build one monitor per model: ray_ormas.monitor(model, optimizer) once"
+    )

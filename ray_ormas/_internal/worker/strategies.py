@@ -16,6 +16,7 @@ Hooks relied on: `ray.train.torch.prepare_model`, `ray.train.torch.get_device`,
 `ray.train.get_context`, `torch.distributed.device_mesh.init_device_mesh`,
 `torch.distributed.fsdp.fully_shard`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,15 +32,22 @@ import torch.nn as nn
 logger = logging.getLogger("ray_ormas.strategies")
 
 
-def prepare(model: nn.Module, strategy: str, *, move_to_device: bool | torch.device = True,
-            parallel_strategy_kwargs: dict[str, Any] | None = None, sync_batchnorm: bool = False) -> nn.Module:
+def prepare(
+    model: nn.Module,
+    strategy: str,
+    *,
+    move_to_device: bool | torch.device = True,
+    parallel_strategy_kwargs: dict[str, Any] | None = None,
+    sync_batchnorm: bool = False,
+) -> nn.Module:
     """Wrap `model` for `strategy` ("ddp" or "fsdp")."""
     if strategy == "fsdp":
         return _fully_shard(model, move_to_device, dict(parallel_strategy_kwargs or {}))
     if sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return ray.train.torch.prepare_model(model, move_to_device=move_to_device, parallel_strategy="ddp",
-                                         parallel_strategy_kwargs=parallel_strategy_kwargs)
+    return ray.train.torch.prepare_model(
+        model, move_to_device=move_to_device, parallel_strategy="ddp", parallel_strategy_kwargs=parallel_strategy_kwargs
+    )
 
 
 def _fully_shard(model: nn.Module, move_to_device: bool | torch.device, kwargs: dict[str, Any]) -> nn.Module:
@@ -55,12 +63,13 @@ def _fully_shard(model: nn.Module, move_to_device: bool | torch.device, kwargs: 
     if patterns is None:
         units = [m for m in model.children() if any(True for _ in m.parameters())]
     else:
-        units = [m for name, m in model.named_modules()
-                 if name and any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+        units = [m for name, m in model.named_modules() if name and any(fnmatch.fnmatchcase(name, p) for p in patterns)]
         if not units:
-            raise ValueError(f"parallel_strategy_kwargs['shard_modules']={patterns!r} matches no module; "
-                             f"names look like {[n for n, _ in model.named_modules() if n][:6]}")
-    units.sort(key=lambda m: -_depth(model, m))      # innermost first, as fully_shard needs
+            raise ValueError(
+                f"parallel_strategy_kwargs['shard_modules']={patterns!r} matches no module; "
+                f"names look like {[n for n, _ in model.named_modules() if n][:6]}"
+            )
+    units.sort(key=lambda m: -_depth(model, m))  # innermost first, as fully_shard needs
     for unit in units:
         fully_shard(unit, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
@@ -103,12 +112,17 @@ def epochs(loader: Any, count: int, start: int = 0) -> Iterator[int]:
         raise ValueError(f"count must be an int >= 0, got {count!r}")
     sampler = loader if callable(getattr(loader, "set_epoch", None)) else getattr(loader, "sampler", None)
     settable = callable(getattr(sampler, "set_epoch", None))
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and \
-        torch.distributed.get_world_size() > 1
+    distributed = (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
     if not settable and distributed:
-        logger.warning("[ray-ormas] epochs(): %s has no set_epoch(); if it shuffles, every epoch sees the same order. "
-                       "Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
-                       type(sampler).__name__)
+        logger.warning(
+            "[ray-ormas] epochs(): %s has no set_epoch(); if it shuffles, every epoch sees the same order. "
+            "Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
+            type(sampler).__name__,
+        )
     for epoch in range(start, count):
         if settable and sampler is not None:
             sampler.set_epoch(epoch)

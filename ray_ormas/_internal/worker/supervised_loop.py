@@ -12,6 +12,7 @@ the last checkpoint (`ray_ormas.load_checkpoint`).
 Hooks relied on: the worker API of ray-ormas (worker.py, strategies.py, checkpointing.py) and
 `ray.train.torch.prepare_data_loader` / `get_device`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,31 +24,35 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from ray_ormas._internal.worker.checkpointing import load_checkpoint, save_checkpoint
 from ray_ormas._internal.common.job_config import JobConfig, load_target
+from ray_ormas._internal.worker.api import batch_size, monitor, prepare_model, report
+from ray_ormas._internal.worker.checkpointing import load_checkpoint, save_checkpoint
 from ray_ormas._internal.worker.strategies import epochs as epoch_range
 from ray_ormas._internal.worker.strategies import no_sync
-from ray_ormas._internal.worker.api import batch_size, monitor, prepare_model, report
 
 
 def supervised_loop(config: dict[str, Any]) -> dict[str, Any]:
     job = JobConfig.from_dict(config)
-    if job.model is None or job.data is None:     # the CLI runs this loop only with both
+    if job.model is None or job.data is None:  # the CLI runs this loop only with both
         raise ValueError("the built-in loop needs the config's model and data sections")
     torch.manual_seed(job.train.seed)
     device = ray.train.torch.get_device()
     datasets = job.data.build()
     if not isinstance(datasets, dict) or "train" not in datasets:
-        raise TypeError(f"data.target {job.data.target} must return {{'train': Dataset, 'val': Dataset or None}}, "
-                        f"got {type(datasets).__name__}")
+        raise TypeError(
+            f"data.target {job.data.target} must return {{'train': Dataset, 'val': Dataset or None}}, "
+            f"got {type(datasets).__name__}"
+        )
     per_rank = batch_size()
     train = ray.train.torch.prepare_data_loader(
-        DataLoader(datasets["train"], batch_size=per_rank, shuffle=True, drop_last=True))
+        DataLoader(datasets["train"], batch_size=per_rank, shuffle=True, drop_last=True)
+    )
     val = datasets.get("val")
     val_loader = ray.train.torch.prepare_data_loader(DataLoader(val, batch_size=per_rank)) if val is not None else None
     model = prepare_model(job.model.build(), parallel_strategy_kwargs=job.parallel_kwargs or None)
-    optimizer = getattr(torch.optim, job.optimizer.name)(model.parameters(), lr=job.optimizer.lr,
-                                                         **job.optimizer.kwargs)
+    optimizer = getattr(torch.optim, job.optimizer.name)(
+        model.parameters(), lr=job.optimizer.lr, **job.optimizer.kwargs
+    )
     loss_fn = load_target(job.train.loss) if ":" in job.train.loss else getattr(F, job.train.loss)
     precision = job.train.precision
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -78,12 +83,19 @@ def supervised_loop(config: dict[str, Any]) -> dict[str, Any]:
                     optimizer.step()
                 optimizer.zero_grad()
                 step += 1
-        last_metrics = {"epoch": epoch, "step": step, "train_loss": float(total) / max(batches, 1),
-                        **_evaluate(model, val_loader, loss_fn, device, precision)}
+        last_metrics = {
+            "epoch": epoch,
+            "step": step,
+            "train_loss": float(total) / max(batches, 1),
+            **_evaluate(model, val_loader, loss_fn, device, precision),
+        }
         every = job.train.checkpoint_every
         due = every is not None and ((epoch + 1) % every == 0 or epoch + 1 == job.train.epochs)
-        checkpoint = save_checkpoint(model, optimizer, epoch=epoch, step=step, scaler=scaler,
-                                     sampler=train.sampler) if due else None
+        checkpoint = (
+            save_checkpoint(model, optimizer, epoch=epoch, step=step, scaler=scaler, sampler=train.sampler)
+            if due
+            else None
+        )
         report(last_metrics, checkpoint=checkpoint)
     return last_metrics
 
@@ -95,8 +107,9 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
 
 
 @torch.no_grad()
-def _evaluate(model: torch.nn.Module, loader: DataLoader | None, loss_fn: Any, device: torch.device,
-              precision: str) -> dict[str, float]:
+def _evaluate(
+    model: torch.nn.Module, loader: DataLoader | None, loss_fn: Any, device: torch.device, precision: str
+) -> dict[str, float]:
     """This rank's share of the validation set: mean loss, and accuracy for (N, C) logits."""
     if loader is None:
         return {}

@@ -19,6 +19,7 @@ Add `RayOrmasLightningCallback(...)` to the trainer's callbacks yourself to choo
 (`optimizer_index`, `to_loggers`, `name`); the automatic one then stands down. A trainer that
 already has ormas-monitor's plain callback keeps it (with its own record) and gets nothing more.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,8 @@ except ImportError as e:
     raise ImportError(f"ray_ormas.lightning needs Lightning: pip install 'ray-ormas[lightning]' ({e})") from e
 
 from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, check_monitor_name
-from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
 
 logger = logging.getLogger("ray_ormas.lightning")
@@ -53,8 +54,14 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
     The monitor's settings (repair, check_every, thresholds, layers) are the trainer's.
     """
 
-    def __init__(self, *, optimizer_index: int = 0, to_loggers: bool = False, name: str = DEFAULT_MONITOR_NAME,
-                 automatic: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        optimizer_index: int = 0,
+        to_loggers: bool = False,
+        name: str = DEFAULT_MONITOR_NAME,
+        automatic: bool = False,
+    ) -> None:
         super().__init__(optimizer_index=optimizer_index, to_loggers=to_loggers, write_report=True)
         self.name = check_monitor_name(name)
         self.automatic = automatic
@@ -65,8 +72,10 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         session = current_session()
         if session is None:
-            raise RuntimeError("RayOrmasLightningCallback works inside a RayOrmasTrainer loop; elsewhere use "
-                               "ormas_monitor.integrations.lightning.OrmasMonitorCallback")
+            raise RuntimeError(
+                "RayOrmasLightningCallback works inside a RayOrmasTrainer loop; elsewhere use "
+                "ormas_monitor.integrations.lightning.OrmasMonitorCallback"
+            )
         self.worker = None
         if self.automatic and self._stands_down(trainer, session, pl_module):
             return
@@ -78,11 +87,20 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
             OrmasMonitorCallback.on_fit_start(self, trainer, pl_module)
             return self.monitor
 
-        facts = {"by": ATTACHED_BY, "model": type(pl_module).__name__, "optimizer_index": self.optimizer_index,
-                 "loss": "the loss Lightning backpropagates (on_before_backward)"}
-        self.worker = session.add_monitor(pl_module, None, name, None, (),
-                                          Attach(by=ATTACHED_BY, facts=facts, build=build, close=self._close_now,
-                                                 exclusive=True))
+        facts = {
+            "by": ATTACHED_BY,
+            "model": type(pl_module).__name__,
+            "optimizer_index": self.optimizer_index,
+            "loss": "the loss Lightning backpropagates (on_before_backward)",
+        }
+        self.worker = session.add_monitor(
+            pl_module,
+            None,
+            name,
+            None,
+            (),
+            Attach(by=ATTACHED_BY, facts=facts, build=build, close=self._close_now, exclusive=True),
+        )
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         super().on_before_backward(trainer, pl_module, loss)
@@ -118,8 +136,10 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
         others = [cb for cb in trainer.callbacks if cb is not self and isinstance(cb, OrmasMonitorCallback)]
         plain = [cb for cb in others if not isinstance(cb, RayOrmasLightningCallback)]
         if plain and session.rank == 0:
-            logger.warning("[ray-ormas] the Lightning trainer already has ormas-monitor's own OrmasMonitorCallback, "
-                           "which writes its own record (in the trainer's log_dir), outside the ray-ormas record and "
-                           "MLflow run; ray-ormas attaches nothing more. For one record, replace it with "
-                           "ray_ormas.lightning.RayOrmasLightningCallback(...), or remove it")
+            logger.warning(
+                "[ray-ormas] the Lightning trainer already has ormas-monitor's own OrmasMonitorCallback, "
+                "which writes its own record (in the trainer's log_dir), outside the ray-ormas record and "
+                "MLflow run; ray-ormas attaches nothing more. For one record, replace it with "
+                "ray_ormas.lightning.RayOrmasLightningCallback(...), or remove it"
+            )
         return bool(others) or session.monitor_of(pl_module) is not None

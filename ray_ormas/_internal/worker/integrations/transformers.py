@@ -22,6 +22,7 @@ Add `RayOrmasTransformersCallback(...)` yourself (`trainer.add_callback`) to cho
 the automatic one is then not added. A trainer that already has ormas-monitor's plain callback
 keeps it (with its own record) and gets nothing more.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,8 @@ except ImportError as e:
     raise ImportError(f"ray_ormas.transformers needs Transformers: pip install 'ray-ormas[transformers]' ({e})") from e
 
 from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, check_monitor_name
-from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
 
 logger = logging.getLogger("ray_ormas.transformers")
@@ -63,29 +64,39 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
         self.worker: WorkerMonitor | None = None
         self._trainings = 0
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         session = current_session()
         if session is None:
-            raise RuntimeError("RayOrmasTransformersCallback works inside a RayOrmasTrainer loop; elsewhere use "
-                               "ormas_monitor.integrations.huggingface.OrmasMonitorCallback")
+            raise RuntimeError(
+                "RayOrmasTransformersCallback works inside a RayOrmasTrainer loop; elsewhere use "
+                "ormas_monitor.integrations.huggingface.OrmasMonitorCallback"
+            )
         self.worker = None
         if model is None or session.monitor_of(model) is not None:
-            return                                  # the loop's own monitor wins
+            return  # the loop's own monitor wins
         self._trainings += 1
         name = self.name if self._trainings == 1 else session.free_name(f"{self.name}-train{self._trainings}")
 
         def build(monitor_kwargs: dict[str, Any]) -> Any:
             self.monitor_kwargs = monitor_kwargs
-            OrmasMonitorCallback.on_train_begin(self, args, state, control, model=model, optimizer=optimizer,
-                                                **kwargs)
+            OrmasMonitorCallback.on_train_begin(self, args, state, control, model=model, optimizer=optimizer, **kwargs)
             return self.monitor
 
-        facts = {"by": ATTACHED_BY, "model": type(model).__name__,
-                 "loss": "the loss the model returns (outputs.loss), or note_loss(...)"}
-        self.worker = session.add_monitor(model, None, name, None, (),
-                                          Attach(by=ATTACHED_BY, facts=facts, build=build, close=self._close_now,
-                                                 exclusive=True))
+        facts = {
+            "by": ATTACHED_BY,
+            "model": type(model).__name__,
+            "loss": "the loss the model returns (outputs.loss), or note_loss(...)",
+        }
+        self.worker = session.add_monitor(
+            model,
+            None,
+            name,
+            None,
+            (),
+            Attach(by=ATTACHED_BY, facts=facts, build=build, close=self._close_now, exclusive=True),
+        )
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         worker = self.worker
@@ -108,14 +119,19 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
 def _has_ormas_callback(trainer: Any) -> bool:
     """Add the automatic callback unless the trainer has an ormas-monitor callback already."""
     callbacks = list(getattr(getattr(trainer, "callback_handler", None), "callbacks", []))
-    plain = [cb for cb in callbacks if isinstance(cb, OrmasMonitorCallback)
-             and not isinstance(cb, RayOrmasTransformersCallback)]
+    plain = [
+        cb
+        for cb in callbacks
+        if isinstance(cb, OrmasMonitorCallback) and not isinstance(cb, RayOrmasTransformersCallback)
+    ]
     session = current_session()
     if plain and session is not None and session.rank == 0:
-        logger.warning("[ray-ormas] the Transformers trainer already has ormas-monitor's own OrmasMonitorCallback, "
-                       "which writes its own record (in args.output_dir), outside the ray-ormas record and MLflow "
-                       "run; ray-ormas adds nothing. For one record, replace it with "
-                       "ray_ormas.transformers.RayOrmasTransformersCallback(...), or remove it")
+        logger.warning(
+            "[ray-ormas] the Transformers trainer already has ormas-monitor's own OrmasMonitorCallback, "
+            "which writes its own record (in args.output_dir), outside the ray-ormas record and MLflow "
+            "run; ray-ormas adds nothing. For one record, replace it with "
+            "ray_ormas.transformers.RayOrmasTransformersCallback(...), or remove it"
+        )
     return any(isinstance(cb, OrmasMonitorCallback) for cb in callbacks)
 
 
@@ -129,8 +145,10 @@ class TrainerHook:
     def install(self) -> None:
         original = transformers.Trainer.train
         if not callable(original):
-            raise RuntimeError(f"transformers.Trainer.train is not a method in transformers "
-                               f"{transformers.__version__}; ray-ormas cannot add its callback")
+            raise RuntimeError(
+                f"transformers.Trainer.train is not a method in transformers "
+                f"{transformers.__version__}; ray-ormas cannot add its callback"
+            )
         self._original = original
 
         @functools.wraps(original)
