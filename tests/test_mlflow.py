@@ -336,7 +336,7 @@ def test_a_file_left_in_parts_by_a_crashed_segment_is_uploaded_whole(server, tmp
     (`X.parts/<offset>`); MLflow gets each one whole, as `X`, once, and again when it grew."""
     import pyarrow.fs as pafs
 
-    from ray_ormas._internal.record.store import part_name
+    from ray_ormas._internal.record.layout import part_name
     from ray_ormas._internal.tracking.sync import upload_folder
 
     if where == "s3":

@@ -7,7 +7,7 @@
 Read from the record itself (the last segment of each monitor in this fit, in storage), so the
 table is what anyone re-reading the record would find. Hooks relied on: the record layout of
 ormas-monitor (diary events `alarm`, `certificate`, `repair` with `layer` and `count`; metrics
-rows with `grad` and `stuck` per layer) and `RecordStore` (storage.py).
+rows with `grad` and `stuck` per layer) and `RecordStore` (record/store.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import posixpath
 from collections import Counter
 from typing import Any
 
+from ray_ormas._internal.record.layout import DIARY, METRICS
 from ray_ormas._internal.record.store import RecordStore
 
 
 def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
     """One dict per monitored layer: alarms, certified, repaired, stuck at end, status."""
-    events = store.read_lines(posixpath.join(segment, "diary.jsonl"))
-    rows = store.read_lines(posixpath.join(segment, "metrics.jsonl"))
+    events = store.read_lines(posixpath.join(segment, DIARY))
+    rows = store.read_lines(posixpath.join(segment, METRICS))
     last = rows[-1] if rows else {}
     alarms: Counter[str | None] = Counter()
     certified: Counter[str | None] = Counter()

@@ -4,14 +4,14 @@
     1  training failed (the root cause in one paragraph, and where the failed run's record is)
     2  the config or one of its values is wrong, or the storage is unusable: nothing was trained
 
-Everything the driver can check is checked before Ray starts: the schema (job_config.py), the
-imports of `module:function` targets, the storage locations (paths.py: a relative path is made
+Everything the driver can check is checked before Ray starts: the schema (common/job_config.py), the
+imports of `module:function` targets, the storage locations (driver/paths.py: a relative path is made
 absolute against the current directory, and said so; refused under `ray job submit`), the values
 Ray's own configs refuse (named by their key), then everything `RayOrmasTrainer(...)` checks
 (batch split, repair with FSDP, SyncBatchNorm without GPUs, writable storage). Then Ray: a local
 cluster when none is running (the current directory goes on the workers' PYTHONPATH, so
 `module:function` targets import there too), which must be able to place the workers
-(capacity.py: it cannot grow), or the running cluster (under `ray job submit`, whose
+(driver/capacity.py: it cannot grow), or the running cluster (under `ray job submit`, whose
 `--working-dir` does the same for the workers). Long waits say what they wait for.
 
 Hooks relied on: `ray.init` (RAY_ADDRESS), `ray.cluster_resources`, and the public API of
@@ -28,6 +28,7 @@ import time
 from typing import Any, Literal
 
 from ray_ormas._internal.cli.failures import describe_failure
+from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.job_config import ConfigError, JobConfig, load_config, load_target
 from ray_ormas._internal.driver.capacity import check_capacity, per_worker
@@ -90,7 +91,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
 
     run = result.ormas
     mlflow = mlflow_line(run)
-    final = {k: v for k, v in (result.metrics or {}).items() if not k.startswith("ormas/")}
+    final = {k: v for k, v in (result.metrics or {}).items() if not keys.is_ormas(k)}
     say(f"finished in {time.monotonic() - started:.0f} s; final metrics: {json.dumps(final, default=str)}")
     print(render(run.store, run.records, mlflow, run.fleet), flush=True)
     return 0
@@ -110,7 +111,7 @@ def mlflow_line(run: Any) -> str | None:
 
 
 def resolve_storage(job: JobConfig, source: str) -> tuple[JobConfig, list[str]]:
-    """The job with `storage.path` and `storage.record_dir` resolved (paths.py), and what was
+    """The job with `storage.path` and `storage.record_dir` resolved (driver/paths.py), and what was
     rewritten, for the progress output; a location that cannot work is a ConfigError."""
     storage = job.storage
     update: dict[str, str] = {}
@@ -138,7 +139,7 @@ def build_trainer(job: JobConfig) -> Any:
 
     m = job.monitor
     loop = load_target(job.loop.target) if job.loop is not None else supervised_loop
-    # The config's sections are the API's own settings classes (options.py); an untouched
+    # The config's sections are the API's own settings classes (common/options.py); an untouched
     # `fleet:` stays the default, which is off by itself with one worker.
     fleet: FleetSettings | bool = True if job.fleet == FleetSettings() else job.fleet
     with _named("scaling"):

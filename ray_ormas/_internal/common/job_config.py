@@ -14,7 +14,7 @@ equal to 1`), unknown keys are refused (a typo never silently falls back to a de
 coerced from YAML's types, and the field descriptions are the reference in docs/cli.md
 (`schema_reference()`, checked by a test). The `monitor:`, `mlflow:`, `fleet:` and `train.batch:`
 sections are the Python API's own settings classes (`MonitorSettings`, `MLflowSettings`,
-`FleetSettings`, `BatchSize`; options.py), so the two cannot drift apart. Checks that need two
+`FleetSettings`, `BatchSize`; common/options.py), so the two cannot drift apart. Checks that need two
 sections at once (a global batch split over workers, repair with FSDP, SyncBatchNorm without GPUs)
 are the trainer's own, run on the driver when the CLI builds it, before Ray starts.
 

@@ -1,4 +1,4 @@
-"""What a rank says at a meeting of the run ledger (head/ledger.py), and the key that marks a rank's report.
+"""What a rank says at a meeting of the run ledger (head/ledger.py).
 
 Shared by both sides of the meeting: the workers arrive (worker/rendezvous.py), the ledger actor
 on the head node keeps the arrivals. Plain Python; no Ray.
@@ -7,8 +7,6 @@ on the head node keeps the arrivals. Plain Python; no Ray.
 from __future__ import annotations
 
 from typing import NamedTuple
-
-RANK_KEY = "ormas/rank"
 
 
 class Arrival(NamedTuple):

@@ -1,5 +1,5 @@
 """The one options model: the settings the Python API takes are pydantic dataclasses, and the
-`ray-ormas train` YAML schema (job_config.py) uses the very same classes for its sections.
+`ray-ormas train` YAML schema (common/job_config.py) uses the very same classes for its sections.
 
 So there is one set of fields, defaults, constraints and descriptions. From Python they are
 strict (`verbose="yes"` is an error, not True); from YAML they are validated in pydantic's lax

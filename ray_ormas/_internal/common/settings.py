@@ -4,7 +4,7 @@
 rank and to report its record: the repair mode, the check interval and the monitor's other
 thresholds (checked by ormas-monitor's own `MonitorConfig`), the layer filter, what rank 0
 prints, and the reporting cadence. `BatchSize` says what a batch size means. Both are pydantic
-dataclasses (options.py): the YAML config's `monitor:` and `train.batch:` sections are these
+dataclasses (common/options.py): the YAML config's `monitor:` and `train.batch:` sections are these
 classes, so Python and YAML share fields, defaults and checks. Everything is checked on
 construction, on the driver, so a bad option fails before any Ray worker starts.
 
@@ -28,7 +28,6 @@ from ray_ormas._internal.common.options import SETTINGS_CONFIG, build
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 RepairMode = bool | Literal["all"]
 
-DEFAULT_MONITOR_NAME = "model"
 DEFAULT_SYNC_TIMEOUT_S = 900.0
 DEFAULT_CHECK_EVERY = MonitorConfig().check_every
 
@@ -38,20 +37,6 @@ def check_strategy(strategy: Any) -> str:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
     return strategy
-
-
-def check_monitor_name(name: Any) -> str:
-    """A monitor name becomes a folder of the record: letters, digits, '-', '_' and '.' only."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or name.startswith(".")
-        or not all(c.isalnum() or c in "-_." for c in name)
-    ):
-        raise ValueError(
-            f"monitor name must be a non-empty folder name of letters, digits, '-', '_' or '.', got {name!r}"
-        )
-    return name
 
 
 @dataclass(frozen=True, config=SETTINGS_CONFIG)
@@ -73,7 +58,7 @@ class MonitorSettings:
             Each report is a barrier across workers, so keep it off the hot path.
         sync_timeout_s: how long a rank waits at a ray-ormas report for the other ranks
             before failing with an error that names the missing ranks (instead of hanging).
-        auto_monitor: zero-change mode (adoption.py): a loop that builds no monitor itself gets
+        auto_monitor: zero-change mode (worker/adoption.py): a loop that builds no monitor itself gets
             one on each model an optimizer steps, and a Lightning or Transformers trainer gets
             ormas-monitor's own callback. False: only `ray_ormas.monitor(...)` builds monitors.
     """

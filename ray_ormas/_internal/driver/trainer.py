@@ -9,16 +9,16 @@ Everything that can be checked without a worker is checked in `__init__`, on the
 Ray starts anything: the strategy, every monitor option (ormas-monitor's own `MonitorConfig`
 validates the thresholds), `repair` with FSDP, SyncBatchNorm without GPUs, a global batch that
 does not split over the workers, the scaling and run configs, the loop's signature, and that the
-record's storage can be written (storage.py).
+record's storage can be written (record/store.py).
 
 Hooks relied on (Ray Train V2):
 
-* `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker.py).
-* `RunConfig.callbacks`: a controller-side `UserCallback` (ledger.py) receives every report's
+* `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker/session.py).
+* `RunConfig.callbacks`: a controller-side `UserCallback` (head/ledger.py) receives every report's
   per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
 * `RunConfig.name`, `storage_path`, `storage_filesystem`: the record's place, known before launch
   (Ray's RunConfig always sets a name). A local storage path (and `record_dir`) is resolved to
-  an absolute one here (paths.py): Ray's controller refuses relative ones only after it started.
+  an absolute one here (driver/paths.py): Ray's controller refuses relative ones only after it started.
 * `Result`: `fit()` returns a subclass of Ray's `Result` with every field as Ray set it and one
   more, `ormas` (an `OrmasRun`: where the record is, the reports, the fleet view).
 """
@@ -43,10 +43,10 @@ from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, 
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.common.settings import (
-    DEFAULT_MONITOR_NAME,
     DEFAULT_SYNC_TIMEOUT_S,
     BatchSize,
     MonitorSettings,
@@ -60,6 +60,7 @@ from ray_ormas._internal.head.ledger import RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
 from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, WriterSpec
 from ray_ormas._internal.record.fleet_record import FleetSummary
+from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.staging import sweep
 from ray_ormas._internal.record.store import RecordStore, resolve
@@ -113,7 +114,7 @@ class OrmasRun:
     fleet: FleetSummary | None = None
     not_uploaded: list[str] = field(default_factory=list)
 
-    def digests(self, key: str = "ormas/param_digest") -> list[list[str | None]]:
+    def digests(self, key: str = keys.PREFIX + keys.PARAM_DIGEST) -> list[list[str | None]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
         return [[rank.get(key) for rank in per_rank] for per_rank in self.reports]
 
@@ -154,7 +155,7 @@ class RayOrmasTrainer:
             `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
             beside Ray's checkpoints. Checked for writing here, before anything starts.
         strategy: "ddp" (DistributedDataParallel) or "fsdp" (FSDP2 `fully_shard`, on CPU and GPU);
-            see strategies.py and docs/strategies.md.
+            see worker/strategies.py and docs/strategies.md.
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm before DDP wraps the model
             (needs GPU workers: torch refuses SyncBatchNorm on CPU).
         batch: a `ray_ormas.BatchSize` saying whether the batch size is per rank or global (and
@@ -514,7 +515,7 @@ def _hang_error(error: BaseException) -> str | None:
 
 
 def _sweep_staging(ledger: Any, store: RecordStore) -> None:
-    """After a failed fit: upload what rank 0 staged but could not upload (staging.py)."""
+    """After a failed fit: upload what rank 0 staged but could not upload (record/staging.py)."""
     try:
         sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
     except Exception as e:  # only a courtesy on the way out: the training error propagates as it is
@@ -530,7 +531,7 @@ def _finish_fleet(ledger: Any) -> FleetSummary | None:
 
 
 def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
-    """The run config with a local storage path made absolute (paths.py); a path on a
+    """The run config with a local storage path made absolute (driver/paths.py); a path on a
     filesystem the user gave (other than the local one) is left as it is."""
     fs = run_config.storage_filesystem
     if fs is not None and not isinstance(fs, pafs.LocalFileSystem):
@@ -557,7 +558,7 @@ def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
     records: dict[str, str] = dict(snapshot["records"])
     main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
     record_dir = store.local_path(main) if main is not None else None
-    report = record_dir / "report.html" if record_dir is not None and final.get("ormas/report_path") else None
+    report = record_dir / REPORT if record_dir is not None and final.get(keys.PREFIX + keys.REPORT_PATH) else None
     return OrmasRun(
         store=store,
         records=records,

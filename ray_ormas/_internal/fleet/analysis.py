@@ -1,7 +1,7 @@
 """The head node's view of the fleet: every rank's facts at a check turned into scores and alarms.
 
-Pure Python, no Ray, no torch: the run ledger (ledger.py) feeds it the facts each rank sends at
-each check (fleet_probe.py) and writes what it returns to the fleet record, MLflow and Ray's
+Pure Python, no Ray, no torch: the run ledger (head/ledger.py) feeds it the facts each rank sends at
+each check (worker/fleet_probe.py) and writes what it returns to the fleet record, MLflow and Ray's
 metrics. bench/components/fleet_scale.py feeds it simulated facts for up to 1,000 ranks.
 
 Per check, once every rank's facts are in (work and output linear in the number of ranks):

@@ -1,9 +1,9 @@
 """Fleet health on the head node: where every rank's facts go, inside the run ledger actor.
 
     rank r      RankProbe.checked -> ledger.fleet_facts.remote(token, facts)     (never awaited)
-    ledger      FleetHead.facts   -> FleetAnalyzer (fleet.py): scores and alarms once a check is complete
-                                  -> the fleet record (fleet_record.py), one log line per alarm,
-                                     Ray's metrics (fleet_metrics.py), the fit's MLflow writer
+    ledger      FleetHead.facts   -> FleetAnalyzer (fleet/analysis.py): scores and alarms once a check is complete
+                                  -> the fleet record (record/fleet_record.py), one log line per alarm,
+                                     Ray's metrics (head/fleet_metrics.py), the fit's MLflow writer
     controller  after_exception   -> FleetHead.worker_errors (an NCCLHangError becomes an alarm)
     driver      fit() ends        -> FleetHead.finish -> FleetSummary (result.ormas.fleet)
 
@@ -11,7 +11,7 @@ No process of its own, and no collective or barrier on the workers: ranks send w
 and go on. The head's time per check is measured (analysis, record, metrics, MLflow hand-over)
 and reported in the summary.
 
-Hooks relied on: the ledger's actor calls (ledger.py) and what the modules above rely on.
+Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules above rely on.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class FleetHead:
         self._analyzer.set_offset(attempt, offset)
 
     def facts(self, attempt: int, facts: dict[str, Any]) -> None:
-        """One rank's facts at one check (fleet_probe.py)."""
+        """One rank's facts at one check (worker/fleet_probe.py)."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
             outcome = self._analyzer.add(attempt, facts)

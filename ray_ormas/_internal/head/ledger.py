@@ -15,18 +15,18 @@ It does three things:
   rank 0 a moment (`wait_for_rank0`): if rank 0 is closing its record too, its `run_end` and
   upload are not cut off. If rank 0 is busy elsewhere (training, or waiting in a collective),
   the failing rank waits only a couple of seconds.
-* **The fleet view.** `LedgerCallback` (ledger_callback.py) is a Ray Train `UserCallback`; it runs
+* **The fleet view.** `LedgerCallback` (head/ledger_callback.py) is a Ray Train `UserCallback`; it runs
   on the controller,
   and its `after_report` hook receives one metrics dict per rank (index = world rank) for every
   report. It forwards those that carry ray-ormas facts to the ledger, so what the driver returns
   is exactly what went through `ray.train.report`.
 
 * **The fleet view's home.** With fleet health on, every rank sends its facts at every check
-  (`fleet_facts`, never awaited) and the ledger's `FleetHead` (fleet_head.py) scores them, writes
+  (`fleet_facts`, never awaited) and the ledger's `FleetHead` (head/fleet_head.py) scores them, writes
   the fleet record, Ray's metrics and the MLflow entries; `finish_fleet` summarizes it.
 
 * **The MLflow writer's home.** When the fit is tracked, the ledger holds the fit's
-  `TrackingWriter` (mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
+  `TrackingWriter` (head/mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
   controller's reports (`track_report`) and the end of attempts and of the fit; so the head
   node is the only one that talks to MLflow, at the cost of no extra process.
 
@@ -65,7 +65,7 @@ class RunLedger:
 
             self._tracking = TrackingWriter(tracking)
         self._fleet = None
-        if fleet is not None:  # a FleetSpec: fleet health is on (fleet_head.py)
+        if fleet is not None:  # a FleetSpec: fleet health is on (head/fleet_head.py)
             from ray_ormas._internal.head.fleet_head import FleetHead
 
             self._fleet = FleetHead(fleet, self._tracking)
@@ -84,7 +84,7 @@ class RunLedger:
             self._attempts.append(token)
         return self._attempts.index(token)
 
-    # -------------------------------------------------------------- fleet health (fleet_head.py)
+    # -------------------------------------------------------------- fleet health (head/fleet_head.py)
     def fleet_offset(self, token: str, offset: int) -> None:
         """Rank 0: the run step at which this attempt's main monitor starts."""
         if self._fleet is not None:
@@ -153,7 +153,7 @@ class RunLedger:
         self._records[monitor] = path
 
     def add_staging(self, staging: Any) -> None:
-        """Rank 0 stages a segment on its node (object storage): swept at the end (staging.py)."""
+        """Rank 0 stages a segment on its node (object storage): swept at the end (record/staging.py)."""
         self._staged.append(staging)
 
     def drop_staging(self, segment_path: str) -> None:
@@ -168,7 +168,7 @@ class RunLedger:
             "staged": list(self._staged),
         }
 
-    # -------------------------------------------------------------- MLflow (mlflow_writer.py)
+    # -------------------------------------------------------------- MLflow (head/mlflow_writer.py)
     def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
         if self._tracking is not None:
             self._tracking.rows(prefix, offset, kind, payload)

@@ -6,7 +6,7 @@ ledger (the fleet view), and, when the fit is tracked, rank 0's metrics and chec
 `ray_ormas.report` to the ledger's MLflow writer. `after_exception` tells both that an attempt
 failed. It never waits on the ledger.
 
-Kept apart from ledger.py so that the ledger actor's process does not import Ray Train (about
+Kept apart from head/ledger.py so that the ledger actor's process does not import Ray Train (about
 1 s of CPU on the head node while the workers start).
 
 Hooks relied on: `ray.train.UserCallback.after_report` / `after_exception`.
@@ -18,13 +18,13 @@ from typing import Any, Mapping
 
 from ray.train import Checkpoint, UserCallback
 
-from ray_ormas._internal.common.meetings import RANK_KEY
+from ray_ormas._internal.common import keys
 
 
 class LedgerCallback(UserCallback):
     """Forwards every report that carries ray-ormas facts to the ledger, and, when the fit is
     tracked, rank 0's metrics and checkpoint of each `ray_ormas.report` and the end of a failed
-    attempt to the ledger's MLflow writer (mlflow_writer.py). Never waits."""
+    attempt to the ledger's MLflow writer (head/mlflow_writer.py). Never waits."""
 
     def __init__(self, ledger: Any, tracked: bool = False) -> None:
         self._ledger = ledger
@@ -41,18 +41,16 @@ class LedgerCallback(UserCallback):
         since the run ledger is an async actor and would not keep them in order with the driver's
         own calls)."""
         refs = []
-        if metrics and all(isinstance(m, dict) and RANK_KEY in m for m in metrics):
+        if metrics and all(isinstance(m, dict) and keys.RANK in m for m in metrics):
             refs.append(
-                self._ledger.add_report.remote(
-                    [{k: v for k, v in m.items() if k.startswith("ormas/")} for m in metrics]
-                )
+                self._ledger.add_report.remote([{k: v for k, v in m.items() if keys.is_ormas(k)} for m in metrics])
             )
             rank0 = metrics[0]
-            if self._tracked and rank0.get("ormas/kind") == "user":
+            if self._tracked and rank0.get(keys.KIND) == "user":
                 refs.append(
                     self._ledger.track_report.remote(
-                        {k: v for k, v in rank0.items() if not k.startswith("ormas/")},
-                        rank0.get("ormas/run_step"),
+                        {k: v for k, v in rank0.items() if not keys.is_ormas(k)},
+                        rank0.get(keys.RUN_STEP),
                         checkpoint,
                     )
                 )

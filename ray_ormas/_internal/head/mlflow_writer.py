@@ -1,4 +1,4 @@
-"""The fit's MLflow writer: it lives in the run ledger actor on the head node (ledger.py), the
+"""The fit's MLflow writer: it lives in the run ledger actor on the head node (head/ledger.py), the
 only process that talks to MLflow.
 
     driver      RunLedger(world, WriterSpec)    -> the ledger builds the TrackingWriter, returns at once
@@ -10,8 +10,8 @@ only process that talks to MLflow.
 Living in the ledger's process costs the start of the fit no process of its own. Calls only
 append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values; beyond it
 the oldest are dropped from memory and come back from the record at the end) and to the
-tracking journal in the run's storage (mlflow_sync.py). One sender thread names rank 0's rows
-(ormas-monitor's MLflowSink, through compat.py), creates the run and sends the outbox in
+tracking journal in the run's storage (tracking/sync.py). One sender thread names rank 0's rows
+(ormas-monitor's MLflowSink, through seams/ormas.py), creates the run and sends the outbox in
 batches, about once a second; it waits for rank 0's first check, so importing mlflow and
 creating the store are off the path to the first training step. On any failure it keeps
 everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
@@ -42,7 +42,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.record.layout import CHECKPOINT_KEY
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.tracking.sync import (
@@ -151,7 +153,7 @@ class TrackingWriter:
         with self._lock:
             self._attempt = attempt
             if not self._closed:
-                self._add([("ormas/attempt", float(attempt), int(offset))])
+                self._add([(keys.ATTEMPT, float(attempt), int(offset))])
 
     def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
         """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""
@@ -159,7 +161,7 @@ class TrackingWriter:
         pointer, staged = None, None
         if checkpoint is not None:
             try:
-                pointer = checkpoint.get_metadata().get("ormas")
+                pointer = checkpoint.get_metadata().get(CHECKPOINT_KEY)
             except Exception:
                 pointer = None
             if self._spec.settings.log_checkpoints == "all":
@@ -175,7 +177,7 @@ class TrackingWriter:
                 j["checkpoints"].append(
                     {"step": int(step), "path": checkpoint.path, "record": pointer, "metrics": kept}
                 )
-                entries.append(("ormas/checkpoint", 1.0, int(step)))
+                entries.append((keys.CHECKPOINT, 1.0, int(step)))
                 if staged is not None:
                     self._uploads.append((staged, posixpath.basename(checkpoint.path.rstrip("/"))))
             if not self._closed:

@@ -1,17 +1,18 @@
 """The fleet record: what the head node concluded at every check, beside the monitors' segments.
 
-Layout, under the record root (storage.py), one folder per `fit()`:
+Layout, under the record root (record/store.py), one folder per `fit()`:
 
     ormas/fleet/<fit id>/fleet.json      world size, strategy, settings, run name
     ormas/fleet/<fit id>/checks.jsonl    one line per rank per check: timings, loss, digest, scores
     ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
 
 Both files are append-only. On a local (or mounted) store the head appends to them in place and
-flushes every line; on object storage it appends to a copy on the head node and sends the new
-lines (uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends). A rerun is another
-fit with its own folder, so nothing a previous fit wrote is touched. `RunRecords.fleet_checks()`
-and `fleet_alarms()` (records.py) read every fit's lines as Arrow tables; `fleet_summary` turns
-one fit's lines into the per-rank table of `result.ormas.fleet` and of `ray-ormas report`.
+flushes every line; on object storage it appends to a copy on the head node and sends the new lines
+(record/uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends).
+A rerun is another fit with its own folder, so nothing a previous fit wrote is touched.
+`RunRecords.fleet_checks()` and `fleet_alarms()` (record/reader.py) read every fit's lines as Arrow
+tables; `fleet_summary` turns one fit's lines into the per-rank table of `result.ormas.fleet` and of
+`ray-ormas report`.
 
 Hooks relied on: `RecordStore` (pyarrow.fs) only.
 """
@@ -32,10 +33,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.record.layout import FLEET_ALARMS, FLEET_CHECKS, FLEET_DIR, FLEET_META
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
 
-FLEET_DIR = "fleet"
 UPLOAD_EVERY_S = 10.0
 CHECK_FIELDS = (
     "rank",
@@ -74,7 +75,7 @@ class FleetRecordWriter:
         self.bytes_written = 0
         try:
             self._local.mkdir(parents=True, exist_ok=True)
-            (self._local / "fleet.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+            (self._local / FLEET_META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         except OSError as e:
             self._fail(e)
         self._files = {name: self._open(name) for name in ("checks", "alarms")}
@@ -173,15 +174,15 @@ def fleet_fits(store: RecordStore) -> list[str]:
 def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(fleet.json, check lines, alarm lines) of one fit; a line cut short by a crash is skipped."""
     folder = fleet_folder(store, fit_id)
-    raw = store.read_bytes(posixpath.join(folder, "fleet.json"))
+    raw = store.read_bytes(posixpath.join(folder, FLEET_META))
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:
         meta = {}
     return (
         meta,
-        store.read_lines(posixpath.join(folder, "checks.jsonl")),
-        store.read_lines(posixpath.join(folder, "alarms.jsonl")),
+        store.read_lines(posixpath.join(folder, FLEET_CHECKS)),
+        store.read_lines(posixpath.join(folder, FLEET_ALARMS)),
     )
 
 

@@ -13,7 +13,7 @@ Both tables carry `monitor`, `segment`, `attempt`, `fit_id`, the segment's own `
 `run_step` (= step + the segment's `step_offset`, the step of the whole run across resumes).
 Rows of a segment cut short by a crash are read up to the last complete line.
 
-Hooks relied on: `pyarrow.fs` (any filesystem, as storage.py resolves it), ormas-monitor's
+Hooks relied on: `pyarrow.fs` (any filesystem, as record/store.py resolves it), ormas-monitor's
 `report.write_all` and `record.verify.verify_run` for the reports and the verdicts (never
 re-implemented here).
 """
@@ -32,8 +32,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet
+from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
 from ray_ormas._internal.record.segments import diary_tail, read_link
-from ray_ormas._internal.record.store import RecordStorageError, RecordStore, segment_index
+from ray_ormas._internal.record.store import RecordStorageError, RecordStore
 
 EVENTS_SCHEMA = pa.schema(
     [
@@ -139,7 +140,7 @@ def open_records(path: str | os.PathLike, filesystem: pafs.FileSystem | None = N
     """The records under a run folder (`<storage_path>/<name>`) or its `ormas` folder, on any
     filesystem pyarrow can open (a local path, `s3://...`, or `path` on `filesystem`)."""
     store = RecordStore.at(path, filesystem)
-    nested = RecordStore(store.filesystem, posixpath.join(store.root, "ormas"))
+    nested = RecordStore(store.filesystem, posixpath.join(store.root, RECORD_DIR))
     for candidate in (nested, store):
         if candidate.monitors():
             return RunRecords(candidate)
@@ -164,7 +165,7 @@ class RunRecords:
         out = []
         for name in [monitor] if monitor else self.monitors():
             for path in self.store.segments(name):
-                tail = diary_tail(self.store.read_bytes(posixpath.join(path, "diary.jsonl")))
+                tail = diary_tail(self.store.read_bytes(posixpath.join(path, DIARY)))
                 out.append(
                     Segment(
                         monitor=name,
@@ -180,7 +181,7 @@ class RunRecords:
     def events(self, monitor: str | None = None) -> pa.Table:
         """One row per diary line, every segment; `line` is the whole line as JSON."""
         rows = []
-        for seg, line in self._lines(monitor, "diary.jsonl"):
+        for seg, line in self._lines(monitor, DIARY):
             step = line.get("step") if isinstance(line.get("step"), int) else None
             rows.append(
                 {
@@ -201,7 +202,7 @@ class RunRecords:
     def metrics(self, monitor: str | None = None) -> pa.Table:
         """One row per check, every segment: loss, per-layer gradient norms, per-layer stuck channels."""
         rows = []
-        for seg, row in self._lines(monitor, "metrics.jsonl"):
+        for seg, row in self._lines(monitor, METRICS):
             step = row.get("step")
             rows.append(
                 {
@@ -291,7 +292,7 @@ def _drop_cut_lines(local: Path) -> list[str]:
     """In a local copy of a crashed segment, drop a last line the crash cut short: ormas-monitor's
     report cannot read it. Verification has already run on the copy as it was stored."""
     notes = []
-    for name in ("diary.jsonl", "metrics.jsonl"):
+    for name in (DIARY, METRICS):
         path = local / name
         if not path.is_file():
             continue

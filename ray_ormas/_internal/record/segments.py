@@ -34,7 +34,8 @@ import posixpath
 import time
 from typing import Any
 
-from ray_ormas._internal.record.store import SEGMENT_FILE, SEGMENT_FORMAT, RecordStore, json_lines
+from ray_ormas._internal.record.layout import DIARY, SEGMENT_FILE, SEGMENT_FORMAT, json_lines
+from ray_ormas._internal.record.store import RecordStore
 
 LINK_VERSION = 1
 
@@ -66,7 +67,7 @@ def segment_link(
         last = earlier[-1]
         previous = {
             "segment": posixpath.basename(last),
-            **diary_tail(store.read_bytes(posixpath.join(last, "diary.jsonl"))),
+            **diary_tail(store.read_bytes(posixpath.join(last, DIARY))),
         }
     pointer = ((resumed_from or {}).get("record") or {}).get(monitor) or {}
     return {

@@ -1,7 +1,7 @@
 """Rank 0's staging folders on object storage, made good at the end of a fit.
 
 On a store that is not a local path (S3, GCS, ...), rank 0's monitor writes its segment to a
-staging folder on its node, and worker.py uploads that folder at every checkpoint and at the end,
+staging folder on its node, and worker/session.py uploads that folder at every checkpoint and at the end,
 then removes it. Two cases leave a staging folder behind: rank 0 was killed (SIGKILL, OOM), so the
 segment in storage stops at its last checkpoint while the node still holds every row up to the
 kill; or storage was down when training ended. At the end of the fit, `sweep` runs a small task
@@ -10,7 +10,7 @@ upload stays, and the driver says where it is. A node that is gone took its fold
 segment then ends at its last upload).
 
 Hooks relied on: `ray.remote` tasks with `NodeAffinitySchedulingStrategy(soft=False)`, and
-`IncrementalUpload.finish` (uploads.py).
+`IncrementalUpload.finish` (record/uploads.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ over a real record is data loss; so rank 0 claims the next free `segment-NNN`. O
 mounted) path the claim is an atomic `mkdir` and the monitor writes there directly. On any other
 filesystem (S3, GCS, HDFS, a `SubTreeFileSystem`, an fsspec one) the claim is the segment's
 `segment.json`, the monitor writes to a staging folder on rank 0's node, and storage is brought up
-to date from that folder at every checkpoint and at the end, sending only what is new (uploads.py;
+to date from that folder at every checkpoint and at the end, sending only what is new (record/uploads.py;
 `read_bytes` and `download` put files sent in parts together again). Two `fit()`s running at the
 same time under the same run name on object storage could claim the same segment: object stores have
 no atomic create, so do not do that (Ray's own checkpoints would collide too).
@@ -28,34 +28,31 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.record.layout import (
+    PARTS_SUFFIX,
+    RECORD_DIR,
+    SEGMENT_FILE,
+    join_parts,
+    json_lines,
+    parts_folder,
+    segment_index,
+    segment_name,
+    whole_name,
+)
 from ray_ormas.errors import RecordStorageError
 
 if TYPE_CHECKING:
     from ray.train import RunConfig
-
-SEGMENT = re.compile(r"^segment-(\d{3,})$")
-SEGMENT_FILE = "segment.json"
-SEGMENT_FORMAT = "ray-ormas-segment"
-
-
-def segment_name(index: int) -> str:
-    return f"segment-{index:03d}"
-
-
-def segment_index(name: str) -> int | None:
-    m = SEGMENT.match(name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class RecordStore:
         if record_dir is not None:
             return cls.at(record_dir)
         fs, base = resolve(run_config.storage_path, run_config.storage_filesystem)
-        return cls(fs, posixpath.join(base, run_config.name, "ormas"))
+        return cls(fs, posixpath.join(base, run_config.name, RECORD_DIR))
 
     @classmethod
     def at(cls, path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) -> RecordStore:
@@ -215,27 +212,27 @@ class RecordStore:
 
     def download(self, path: str, local_dir: Path) -> Path:
         """Copy the folder `path` of this store into `local_dir`; return `local_dir`. A file sent
-        in parts (uploads.py) arrives whole."""
+        in parts (record/uploads.py) arrives whole."""
         local_dir.mkdir(parents=True, exist_ok=True)
         pafs.copy_files(
             path, str(local_dir), source_filesystem=self.filesystem, destination_filesystem=pafs.LocalFileSystem()
         )
         for parts in sorted(local_dir.glob(f"*{PARTS_SUFFIX}")):
-            whole = local_dir / parts.name[: -len(PARTS_SUFFIX)]
+            whole = local_dir / str(whole_name(parts.name))
             if parts.is_dir() and not whole.exists():
                 whole.write_bytes(join_parts((p.name, p.read_bytes()) for p in parts.iterdir() if p.is_file()))
             shutil.rmtree(parts, ignore_errors=True)
         return local_dir
 
     def read_bytes(self, path: str) -> bytes | None:
-        """The file at `path`; put together from its parts (uploads.py) if it has no whole copy
+        """The file at `path`; put together from its parts (record/uploads.py) if it has no whole copy
         yet; None if neither exists."""
         try:
             with self.filesystem.open_input_stream(path) as f:
                 return f.read()
         except FileNotFoundError:
             pass
-        infos = self.filesystem.get_file_info(pafs.FileSelector(path + PARTS_SUFFIX, allow_not_found=True))
+        infos = self.filesystem.get_file_info(pafs.FileSelector(parts_folder(path), allow_not_found=True))
         parts = [i for i in infos if i.type == pafs.FileType.File]
         if not parts:
             return None
@@ -252,39 +249,6 @@ class RecordStore:
     def write_bytes(self, path: str, data: bytes) -> None:
         with self.filesystem.open_output_stream(path) as f:
             f.write(data)
-
-
-PARTS_SUFFIX = ".parts"
-
-
-def json_lines(data: bytes | None) -> Iterator[dict[str, Any]]:
-    """The JSON objects of JSON-lines bytes, the one reader of record files in the package. A line
-    that is not a JSON object (an empty tail, a line cut short by a crash) is skipped."""
-    for raw in (data or b"").split(b"\n"):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            yield line
-
-
-def part_name(offset: int) -> str:
-    """The name of the part of a file that starts at byte `offset` (uploads.py)."""
-    return f"{offset:016d}"
-
-
-def join_parts(parts: Iterable[tuple[str, bytes]]) -> bytes:
-    """A file from its parts, each placed at the offset its name gives; stops at a gap."""
-    whole = bytearray()
-    for name, data in sorted(parts, key=lambda p: int(p[0]) if p[0].isdigit() else -1):
-        if not name.isdigit():
-            continue
-        offset = int(name)
-        if offset > len(whole):
-            break
-        whole[offset : offset + len(data)] = data
-    return bytes(whole)
 
 
 STORAGE_ADVICE = (

@@ -14,7 +14,7 @@ being written). Parts are placed at their offsets, so a part sent twice (a retry
 that had in fact succeeded) does no harm.
 
 Hooks relied on: `pyarrow.fs` (`create_dir`, `open_output_stream`, `FileSelector`, `delete_dir`)
-through RecordStore (storage.py).
+through RecordStore (record/store.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from ray_ormas._internal.record.store import PARTS_SUFFIX, RecordStore, part_name
+from ray_ormas._internal.record.layout import part_name, parts_folder
+from ray_ormas._internal.record.store import RecordStore
 
 APPEND_ONLY_SUFFIX = ".jsonl"
 
@@ -80,7 +81,7 @@ class IncrementalUpload:
         complete = new[: new.rfind(b"\n") + 1]  # whole lines only: a line being written waits
         if not complete:
             return 0
-        parts = self._folder(posixpath.join(self.remote, path.name + PARTS_SUFFIX))
+        parts = self._folder(posixpath.join(self.remote, parts_folder(path.name)))
         self.store.write_bytes(posixpath.join(parts, part_name(start)), complete)
         self._sent[path.name] = start + len(complete)
         self.bytes_sent += len(complete)
@@ -106,7 +107,7 @@ class IncrementalUpload:
         return path
 
     def _delete_parts(self, name: str) -> None:
-        parts = posixpath.join(self.remote, name + PARTS_SUFFIX)
+        parts = posixpath.join(self.remote, parts_folder(name))
         try:
             self.store.filesystem.delete_dir(parts)
         except OSError:

@@ -33,7 +33,7 @@ piece, the upstream change that would let it go.
   with another signature -> `OrmasCompatError`; the manifest override raises it too when the
   FSDP note it replaces is not there.
 
-The micro-step loss window (gradient accumulation) is ray-ormas's own (`micro_steps.py`).
+The micro-step loss window (gradient accumulation) is ray-ormas's own (`worker/micro_steps.py`).
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ import torch.distributed as dist
 import torch.nn as nn
 from ormas_monitor import Monitor
 
+from ray_ormas._internal.record.layout import METRICS
 from ray_ormas.errors import OrmasCompatError
 
 OWN_FSDP_NOTE = "under FSDP each rank sees gradient norms of its own shards; rank 0's are recorded"
 GLOBAL_NORMS_NOTE = (
     "under FSDP2 ray-ormas records global gradient norms: each rank's squared shard norms are "
-    "summed over the shards by one all-reduce per check (ray_ormas.compat)"
+    "summed over the shards by one all-reduce per check (ray_ormas._internal.seams.ormas)"
 )
 PINNED = "ormas-monitor==0.2.3"
 
@@ -127,7 +128,7 @@ def check_metrics_file(monitor: Monitor) -> None:
         handle is None
         or not callable(getattr(handle, "flush", None))
         or getattr(handle, "closed", True)
-        or Path(str(name)).name != "metrics.jsonl"
+        or Path(str(name)).name != METRICS
     ):
         raise OrmasCompatError(
             _changed(

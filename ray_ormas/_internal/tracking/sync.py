@@ -1,6 +1,6 @@
 """What a fit's MLflow run should hold, computed from the record, and bringing the run up to it.
 
-The head-node writer (mlflow_writer.py) sends rows as they come; this module is the ground
+The head-node writer (head/mlflow_writer.py) sends rows as they come; this module is the ground
 truth behind it, used at the end of every attempt and of the fit, and by `ray-ormas mlflow-sync
 RUN` after an outage that outlasted the fit:
 
@@ -20,7 +20,7 @@ RUN` after an outage that outlasted the fit:
   where missing; the final status is set. Running it twice adds nothing.
 
 Hooks relied on: `MlflowClient` (`get_metric_history`, `log_batch`, `list_artifacts`,
-`log_artifact(s)`, `log_dict`, `set_terminated`), the record layout (storage.py, segments.py).
+`log_artifact(s)`, `log_dict`, `set_terminated`), the record layout (record/store.py, record/segments.py).
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from typing import Any, Iterable
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.common import keys
+from ray_ormas._internal.record.layout import DIARY, JOURNAL_DIR, METRICS, join_parts, whole_name
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.segments import event_step
-from ray_ormas._internal.record.store import PARTS_SUFFIX, RecordStore, join_parts
+from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.tracking.values import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
 
-JOURNAL_DIR = ".mlflow"  # in the record root; a monitor's name cannot start with "."
 JOURNAL_FORMAT = "ray-ormas-mlflow"
 METRICS_PER_BATCH = 1000  # MLflow's limits per log_batch request
 PARAMS_PER_BATCH = 100
@@ -134,7 +135,7 @@ def read_journals(store: RecordStore) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ expected entries
 def loop_entries(journal: dict[str, Any]) -> list[Entry]:
     out = [(k, float(v), int(r["step"])) for r in journal.get("reports", []) for k, v in r["metrics"].items()]
-    out += [("ormas/checkpoint", 1.0, int(c["step"])) for c in journal.get("checkpoints", [])]
+    out += [(keys.CHECKPOINT, 1.0, int(c["step"])) for c in journal.get("checkpoints", [])]
     return out
 
 
@@ -152,19 +153,19 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
         naming = namings.get(prefix) or namings.setdefault(prefix, MetricNaming(prefix))
         offset = seg.step_offset
         if prefix == "ormas":
-            out.append(("ormas/attempt", float(attempt), offset))
-        for row in records.store.read_lines(posixpath.join(seg.path, "metrics.jsonl")):
+            out.append((keys.ATTEMPT, float(attempt), offset))
+        for row in records.store.read_lines(posixpath.join(seg.path, METRICS)):
             if isinstance(row.get("step"), int):
                 out += naming.entries("metrics", {**row, "step": row["step"] + offset})
         last = 0
-        for line in records.store.read_lines(posixpath.join(seg.path, "diary.jsonl")):
+        for line in records.store.read_lines(posixpath.join(seg.path, DIARY)):
             last = event_step(line, last)
             out += naming.entries("event", {"event": line.get("event"), "step": last + offset})
     return out
 
 
 def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
-    """Fleet health's scores and alarms of one fit, from its fleet record (fleet_record.py)."""
+    """Fleet health's scores and alarms of one fit, from its fleet record (record/fleet_record.py)."""
     from ray_ormas._internal.record.fleet_record import mlflow_entries, read_fleet
 
     meta, checks, alarms = read_fleet(store, fit_id)
@@ -310,7 +311,7 @@ def _uploaded(have: dict[str, int | None], name: str, size: int | None) -> bool:
 def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, artifact_path: str) -> int:
     """Upload the files of `folder` (on `fs`) that the run lacks under `artifact_path` (or has
     with another size); return how many. A file that a segment which never closed left only in
-    parts on object storage (`X.parts/`, uploads.py) is put together and uploaded whole, as `X`.
+    parts on object storage (`X.parts/`, record/uploads.py) is put together and uploaded whole, as `X`.
     Files not on the local disk go through a temporary folder that is removed again."""
     have = _artifact_files(client, run_id, artifact_path)
     infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
@@ -320,8 +321,10 @@ def upload_folder(client: Any, run_id: str, fs: pafs.FileSystem, folder: str, ar
         if i.type == pafs.FileType.File and not i.base_name.endswith(".tmp")
     }
     in_parts: dict[str, list[pafs.FileInfo]] = {}
-    for rel in [rel for rel in files if posixpath.dirname(rel).endswith(PARTS_SUFFIX)]:
-        whole = posixpath.dirname(rel)[: -len(PARTS_SUFFIX)]
+    for rel in list(files):
+        whole = whole_name(posixpath.dirname(rel))
+        if whole is None:
+            continue
         info = files.pop(rel)
         in_parts.setdefault(whole, []).append(info)
     in_parts = {whole: parts for whole, parts in in_parts.items() if whole not in files}  # closed since

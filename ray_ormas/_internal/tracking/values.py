@@ -1,7 +1,7 @@
 """MLflow settings and the pieces both the head-node writer and `ray-ormas mlflow-sync` use.
 
 Every `fit()` is exactly one MLflow run. Only the head node talks to MLflow: the run's writer
-(`mlflow_writer.py`, a thread in the run ledger actor on the head node) creates the run, logs
+(`head/mlflow_writer.py`, a thread in the run ledger actor on the head node) creates the run, logs
 what rank 0's monitor and the loop's reports produce, retries through outages, and closes the
 run. The workers never import mlflow and never need to reach the tracking server or hold its
 credentials.
@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.mlflow_settings import USERINFO, MLflowSettings
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
@@ -108,7 +109,7 @@ def loop_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str
     with `ormas/` are ray-ormas's own and not loop metrics."""
     kept, skipped = {}, []
     for k, v in metrics.items():
-        if not isinstance(k, str) or k.startswith("ormas/"):
+        if not isinstance(k, str) or keys.is_ormas(k):
             continue
         value = _number(v)
         if value is None or not metric_name_ok(k):

@@ -1,14 +1,14 @@
 """Zero-change adoption: what a RayOrmasTrainer loop turns on so that code written for Ray Train
 gets the monitor without being changed.
 
-* Every rank: the loop's own `ray.train.report` calls go through ray-ormas (report_route.py).
+* Every rank: the loop's own `ray.train.report` calls go through ray-ormas (worker/report_route.py).
 * With `auto_monitor` on (the default):
-  - a plain PyTorch loop gets a monitor on each model an optimizer steps (auto_monitor.py);
+  - a plain PyTorch loop gets a monitor on each model an optimizer steps (worker/auto_monitor.py);
   - a Lightning `Trainer` built in the loop gets ormas-monitor's Lightning callback through
     Lightning's `lightning.pytorch.callbacks_factory` entry point (`lightning_callbacks`, declared
-    in pyproject.toml; lightning.py);
+    in pyproject.toml; worker/integrations/lightning.py);
   - a Transformers `Trainer` gets ormas-monitor's Transformers callback when `train()` runs
-    (transformers.py).
+    (worker/integrations/transformers.py).
 * On the driver, `check_frameworks` finds which of Lightning and Transformers the loop uses
   (the names its code and its module refer to) and fails before anything starts when the piece
   ray-ormas needs for it is missing, naming the extra to install.

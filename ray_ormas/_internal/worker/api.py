@@ -14,7 +14,7 @@
 
 Each call works on this worker's session (session.py); outside a RayOrmasTrainer loop each
 raises a `RuntimeError` that says what to use instead. Hooks: `ray.train.torch.prepare_model`
-(through strategies.py) and `ray.train.report` (through the session).
+(through worker/strategies.py) and `ray.train.report` (through the session).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import ray.train
 import torch
 import torch.nn as nn
 
-from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, check_monitor_name
+from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.session import WorkerSession, check_metrics, current_session
 from ray_ormas._internal.worker.strategies import prepare

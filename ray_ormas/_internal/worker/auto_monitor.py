@@ -37,7 +37,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME
+from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach
 from ray_ormas._internal.worker.session import WorkerSession

@@ -20,14 +20,14 @@ This is the classic DDP pattern (save on rank 0, load on all ranks) made safe fo
   again on load, so the data order of the resumed epoch is the original one), and `extra`
   (any small dict of your own) travel too.
 
-The file is `state.pt`, read back with `torch.load(weights_only=True)`: nothing in it needs
-pickle. Without `directory=`, it goes to a temporary folder that `ray_ormas.report` has Ray
-delete once the checkpoint is in storage (`delete_local_checkpoint_after_upload`, with either
-upload mode), so rank 0's disk never holds more than the checkpoint being uploaded; a folder you
-name is yours to keep or remove. ray-ormas adds the record pointer to the checkpoint's Ray
-metadata when it is reported (segments.py). The monitor's own state (its baselines, streaks and certificates) does not
-travel: ormas-monitor 0.2.3 has no state_dict, so a resumed attempt starts a fresh monitor in a
-new record segment; docs/fault-tolerance.md says what that changes.
+The file is `state.pt`, read back with `torch.load(weights_only=True)`: nothing in it needs pickle.
+Without `directory=`, it goes to a temporary folder that `ray_ormas.report` has Ray delete once the
+checkpoint is in storage (`delete_local_checkpoint_after_upload`, with either upload mode), so rank
+0's disk never holds more than the checkpoint being uploaded; a folder you name is yours to keep or
+remove. ray-ormas adds the record pointer to the checkpoint's Ray metadata when it is reported
+(record/segments.py). The monitor's own state (its baselines, streaks and certificates) does not
+travel: ormas-monitor 0.2.3 has no state_dict, so a resumed attempt starts a fresh monitor in a new
+record segment; docs/fault-tolerance.md says what that changes.
 
 Hooks relied on: `ray.train.get_checkpoint`, `ray.train.Checkpoint.from_directory`,
 `ray.train.get_context` (rank), `torch.distributed` (gather of the random states).
@@ -115,7 +115,7 @@ def save_checkpoint(
 
 def is_temporary(checkpoint: ray.train.Checkpoint) -> bool:
     """Whether `checkpoint` is a temporary folder `save_checkpoint` made (not one the caller
-    named): ray-ormas has Ray delete it once it is uploaded (worker.py)."""
+    named): ray-ormas has Ray delete it once it is uploaded (worker/session.py)."""
     return checkpoint.path in _temporary
 
 

@@ -1,6 +1,6 @@
 """One rank's fleet facts, measured around the monitor's sampled steps and sent to the head node.
 
-Runs on every rank, attached to the main monitor (worker.py). On an unsampled step it costs a
+Runs on every rank, attached to the main monitor (worker/session.py). On an unsampled step it costs a
 flag test; the hooks exist only from the end of the step before a sampled one to that sampled
 step's check:
 

@@ -1,7 +1,7 @@
 """The function each Ray Train worker runs: the user's loop inside a ray-ormas session.
 
 Built on the driver (driver/trainer.py) and pickled by Ray; on the worker it opens the session
-(session.py), turns on zero-change adoption for the length of the loop (adoption.py), closes every
+(session.py), turns on zero-change adoption for the length of the loop (worker/adoption.py), closes every
 monitor when the loop returns or raises, and re-raises the loop's own exception unchanged.
 """
 

@@ -19,7 +19,9 @@ import ray
 import torch
 import torch.nn as nn
 
-from ray_ormas._internal.record.segments import SEGMENT_FILE, segment_link
+from ray_ormas._internal.common import keys
+from ray_ormas._internal.record.layout import DIARY, SEGMENT_FILE
+from ray_ormas._internal.record.segments import segment_link
 from ray_ormas._internal.record.staging import Staging
 from ray_ormas._internal.record.uploads import IncrementalUpload
 from ray_ormas._internal.seams.ormas import check_metrics_file, flush_metrics, monitor_class
@@ -78,7 +80,7 @@ class WorkerMonitor:
         self._close_monitor = attach.close
         self._session = session
         self._primary = not session.monitors
-        self._prefix = "ormas/" if self._primary else f"ormas/{name}/"
+        self._prefix = keys.monitor_prefix(name, self._primary)
         self._last_loss: torch.Tensor | float | None = None
         self._window = MicroStepLosses()  # micro-step losses of the current optimizer step
         self._micro_steps = False
@@ -233,7 +235,7 @@ class WorkerMonitor:
 
     def persist(self) -> dict[str, Any] | None:
         """Rank 0: bring the segment in storage up to date; return the pointer a checkpoint
-        carries (segments.py). Other ranks: None. A failed upload is written to the record (a
+        carries (record/segments.py). Other ranks: None. A failed upload is written to the record (a
         `sink_error`) and reported once; training goes on."""
         if self.record_dir is None or self.segment_path is None:
             return None
@@ -281,7 +283,7 @@ class WorkerMonitor:
 
     def _release_segment(self) -> None:
         """Give back a claimed segment the monitor never started writing (its constructor raised)."""
-        if self.record_dir is None or (self.record_dir / "diary.jsonl").exists():
+        if self.record_dir is None or (self.record_dir / DIARY).exists():
             return
         store = self._session.plan.store
         try:
@@ -329,13 +331,13 @@ class WorkerMonitor:
         out = rank_facts(p, self._session.rank, self._last_loss, self.model, self.steps)
         if self._session.rank == 0:
             out.update(rank0_metrics(p, self.buffer, self.monitor.counts))
-            out[f"{p}checks"] = self.monitor.checks
-            out[f"{p}record_dir"] = self._session.plan.store.shown(self.segment_path)
-            out[f"{p}report_path"] = (
+            out[p + keys.CHECKS] = self.monitor.checks
+            out[p + keys.RECORD_DIR] = self._session.plan.store.shown(self.segment_path)
+            out[p + keys.REPORT_PATH] = (
                 self._session.plan.store.shown(f"{self.segment_path}/{self._report_path.name}")
                 if self._report_path
                 else None
             )
-            out[f"{p}step_offset"] = self.step_offset
-            out[f"{p}record_errors"] = self.buffer.record_errors
+            out[p + keys.STEP_OFFSET] = self.step_offset
+            out[p + keys.RECORD_ERRORS] = self.buffer.record_errors
         return out

@@ -1,7 +1,7 @@
 """What the driver sends to every worker, and how a monitor not built by the loop is attached.
 
 `WorkerPlan` is built on the driver (driver/trainer.py) and pickled into the function each Ray
-Train worker runs (loop.py); `Attach` is how the automatic mode (auto_monitor.py) and the
+Train worker runs (loop.py); `Attach` is how the automatic mode (worker/auto_monitor.py) and the
 framework callbacks (integrations/) hand a monitor's construction to the session.
 """
 
@@ -32,7 +32,7 @@ class WorkerPlan:
     # Ray Train's local mode (the loop runs in the driver): the ledger's controller callback, which
     # no controller calls there, for the session to call (head/ledger_callback.py)
     local_reports: Any = None
-    frameworks: tuple[str, ...] = ()  # Lightning / Transformers, if the loop uses them (adoption.py)
+    frameworks: tuple[str, ...] = ()  # Lightning / Transformers, if the loop uses them (worker/adoption.py)
 
 
 EXPLICIT = "ray_ormas.monitor"  # Attach.by of a monitor the loop built itself
@@ -41,8 +41,8 @@ EXPLICIT = "ray_ormas.monitor"  # Attach.by of a monitor the loop built itself
 @dataclass(frozen=True)
 class Attach:
     """How a monitor is built when not by `ray_ormas.monitor(...)` in the loop: by the automatic
-    mode at an optimizer's first step (auto_monitor.py), or by ormas-monitor's own Lightning or
-    Transformers callback (lightning.py, transformers.py)."""
+    mode at an optimizer's first step (worker/auto_monitor.py), or by ormas-monitor's own Lightning or
+    Transformers callback (worker/integrations/lightning.py, worker/integrations/transformers.py)."""
 
     by: str = EXPLICIT
     facts: dict[str, Any] | None = None  # written to the segment's link (segment.json) as "attached"

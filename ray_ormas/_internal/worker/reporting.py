@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ray_ormas._internal.common import keys
 from ray_ormas._internal.fleet.digest import parameter_digest
 
 progress = logging.getLogger("ray_ormas.progress")
@@ -70,7 +71,7 @@ class RecordBuffer:
         self.certificates = 0
         self.record_errors = 0
         self.rows_written = 0  # metrics rows and diary lines so far: a checkpoint's
-        self.events_written = 0  # pointer into the record (see segments.py)
+        self.events_written = 0  # pointer into the record (see record/segments.py)
         self.last_hash: str | None = None
 
     def __call__(self, kind: str, payload: dict) -> None:
@@ -107,13 +108,13 @@ def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> 
     stuck = row.get("stuck") or {}
     events, dropped = buffer.take_events()
     out: dict[str, Any] = {
-        f"{prefix}check_step": row.get("step"),
-        f"{prefix}loss": row.get("loss"),
-        f"{prefix}stuck_channels": sum(sum(v) for v in stuck.values()),
-        f"{prefix}stuck_layers": sum(1 for v in stuck.values() if sum(v)),
-        f"{prefix}certificates": buffer.certificates,
-        f"{prefix}events": events,
-        f"{prefix}events_dropped": dropped,
+        prefix + keys.CHECK_STEP: row.get("step"),
+        prefix + keys.LOSS: row.get("loss"),
+        prefix + keys.STUCK_CHANNELS: sum(sum(v) for v in stuck.values()),
+        prefix + keys.STUCK_LAYERS: sum(1 for v in stuck.values() if sum(v)),
+        prefix + keys.CERTIFICATES: buffer.certificates,
+        prefix + keys.EVENTS: events,
+        prefix + keys.EVENTS_DROPPED: dropped,
     }
     out.update({f"{prefix}{k}": v for k, v in counts.items()})
     return out
@@ -128,4 +129,8 @@ def rank_facts(
         loss = float(last_loss.detach().float().mean()) if last_loss.numel() else None
     elif last_loss is not None:
         loss = float(last_loss)
-    return {f"{prefix}rank_loss": loss, f"{prefix}rank_steps": steps, f"{prefix}param_digest": parameter_digest(model)}
+    return {
+        prefix + keys.RANK_LOSS: loss,
+        prefix + keys.RANK_STEPS: steps,
+        prefix + keys.PARAM_DIGEST: parameter_digest(model),
+    }

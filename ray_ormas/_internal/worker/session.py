@@ -19,14 +19,14 @@ Hooks relied on:
 * `ray.train.get_context()`: world rank and size. ormas-monitor itself detects torch.distributed
   and the DDP wrapper, writes files only on rank 0, and seeds repairs identically on every rank.
 * `ray.train.collective.broadcast_from_rank_zero`: once per worker-group attempt, rank 0's token
-  for the ledger's meetings (see ledger.py).
+  for the ledger's meetings (see head/ledger.py).
 * `ray.train.report`: called by ray-ormas only through `ray_ormas.report` (the user's own reports,
   with ray-ormas facts merged in), every `report_every` checks if set, and once when the loop
   returns. Never with a checkpoint of its own, so `Result.metrics` and checkpoint retention stay
   the user's. Every call is preceded by a meeting at the ledger, so uneven ranks raise instead
   of hanging. When some rank reports a checkpoint, rank 0 first persists its record segments to
-  the run's storage (storage.py) and adds the record pointer to its checkpoint's metadata
-  (`Checkpoint.update_metadata`, see segments.py).
+  the run's storage (record/store.py) and adds the record pointer to its checkpoint's metadata
+  (`Checkpoint.update_metadata`, see record/segments.py).
 * `ray.train.get_checkpoint`: on rank 0, the checkpoint an attempt resumes from, whose record
   pointer links the new segment to the old.
 
@@ -34,7 +34,7 @@ When the loop raises, every monitor on the rank is closed while the exception pr
 record's `run_end` carries the error) and the exception is re-raised unchanged.
 
 A loop that makes none of these calls (written for `TorchTrainer`, or Lightning / Transformers
-through Ray) gets its monitors from adoption.py: `WorkerSession.add_monitor` with an `Attach`
+through Ray) gets its monitors from worker/adoption.py: `WorkerSession.add_monitor` with an `Attach`
 saying how (the optimizer step hook, or a framework callback that builds the `Monitor` itself),
 and its own `ray.train.report` calls come to `WorkerSession.route_report`.
 """
@@ -50,7 +50,9 @@ import ray.train
 import torch
 import torch.nn as nn
 
-from ray_ormas._internal.common.meetings import RANK_KEY, Arrival
+from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.meetings import Arrival
+from ray_ormas._internal.record.layout import CHECKPOINT_KEY, RESERVED_MONITOR_NAMES
 from ray_ormas._internal.worker.checkpointing import is_temporary
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
@@ -109,7 +111,7 @@ class WorkerSession:
             checkpoint = ray.train.get_checkpoint()
             if checkpoint is not None:
                 try:
-                    record = checkpoint.get_metadata().get("ormas")
+                    record = checkpoint.get_metadata().get(CHECKPOINT_KEY)
                 except Exception:  # a checkpoint without readable metadata still resumes
                     record = None
                 self._resumed_from = {"checkpoint": checkpoint.path, "record": record}
@@ -148,9 +150,10 @@ class WorkerSession:
         return next((mon for mon in self.monitors.values() if mon.parameter_ids & ids and not mon.closed), None)
 
     def free_name(self, preferred: str) -> str:
-        """`preferred`, or `preferred-2`, `-3`, ... if a monitor of this rank has it."""
+        """`preferred`, or `preferred-2`, `-3`, ... if a monitor of this rank has it or the record's
+        layout reserves it (an auto-named monitor of a model class `Fleet` is `fleet-2`)."""
         name, n = preferred, 1
-        while name in self.monitors:
+        while name in self.monitors or name in RESERVED_MONITOR_NAMES:
             n += 1
             name = f"{preferred}-{n}"
         return name
@@ -165,19 +168,19 @@ class WorkerSession:
 
     def _metrics(self, kind: str, step: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
-            RANK_KEY: self.rank,
-            "ormas/world_size": self.world_size,
-            "ormas/report_index": self.reports,
-            "ormas/kind": kind,
-            "ormas/run_step": step if step is not None else self.run_step(),
+            keys.RANK: self.rank,
+            keys.WORLD_SIZE: self.world_size,
+            keys.REPORT_INDEX: self.reports,
+            keys.KIND: kind,
+            keys.RUN_STEP: step if step is not None else self.run_step(),
         }
         if self.plan.batch is not None:
-            out["ormas/effective_batch"] = self.plan.batch["effective"]
+            out[keys.EFFECTIVE_BATCH] = self.plan.batch["effective"]
         for mon in self.monitors.values():
             try:
                 out.update(mon.metrics())
             except Exception as e:  # telemetry never breaks training
-                out[f"{mon._prefix}report_error"] = f"{type(e).__name__}: {e}"
+                out[mon._prefix + keys.REPORT_ERROR] = f"{type(e).__name__}: {e}"
         return out
 
     def _meet(self, kind: str, checkpoint: bool = False) -> dict[int, Arrival]:
@@ -204,11 +207,11 @@ class WorkerSession:
         seen = self._meet(kind, checkpoint is not None)
         if self.rank == 0 and any(a.checkpoint for a in seen.values()):
             # Some rank reports a checkpoint: the record in storage is brought up to it first, and
-            # rank 0's checkpoint carries a pointer to the record as of now (segments.py).
+            # rank 0's checkpoint carries a pointer to the record as of now (record/segments.py).
             pointers = {name: p for name, mon in self.monitors.items() if (p := mon.persist()) is not None}
             if checkpoint is not None and pointers:
                 try:
-                    checkpoint.update_metadata({"ormas": pointers})
+                    checkpoint.update_metadata({CHECKPOINT_KEY: pointers})
                 except Exception as e:  # the user's checkpoint is reported either way
                     logger.warning(
                         "[ray-ormas] could not add the record pointer to the checkpoint's metadata (%s: %s)",
@@ -224,7 +227,7 @@ class WorkerSession:
     def route_report(
         self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None, kwargs: dict[str, Any]
     ) -> None:
-        """The loop's own `ray.train.report(...)` (report_route.py): what `ray_ormas.report` does."""
+        """The loop's own `ray.train.report(...)` (worker/report_route.py): what `ray_ormas.report` does."""
         check_metrics(metrics)
         self.report("user", metrics, checkpoint, **kwargs)
 
@@ -280,7 +283,7 @@ class WorkerSession:
         """The loop raised on this rank: close every monitor while the exception propagates.
 
         Rank 0 tells the ledger when it starts and finishes; another rank waits (briefly, see
-        ledger.py) for rank 0 to finish its record before the error reaches Ray's teardown."""
+        head/ledger.py) for rank 0 to finish its record before the error reaches Ray's teardown."""
         ledger = self.plan.ledger
         if self.rank == 0:
             ledger.rank0_closing.remote(self.token)
@@ -312,7 +315,7 @@ def check_metrics(metrics: Any) -> None:
     """Refuse what `ray.train.report` would take but ray-ormas cannot merge its facts into."""
     if not isinstance(metrics, dict):
         raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
-    taken = sorted(k for k in metrics if isinstance(k, str) and k.startswith("ormas/"))
+    taken = sorted(k for k in metrics if keys.is_ormas(k))
     if taken:
         raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
 

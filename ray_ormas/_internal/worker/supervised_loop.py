@@ -9,7 +9,7 @@ accuracy, for class logits) if there is a validation set, a checkpoint every
 `train.checkpoint_every` epochs, and one `ray_ormas.report`. A restarted attempt resumes from
 the last checkpoint (`ray_ormas.load_checkpoint`).
 
-Hooks relied on: the worker API of ray-ormas (worker.py, strategies.py, checkpointing.py) and
+Hooks relied on: the worker API of ray-ormas (worker/session.py, worker/strategies.py, worker/checkpointing.py) and
 `ray.train.torch.prepare_data_loader` / `get_device`.
 """
 

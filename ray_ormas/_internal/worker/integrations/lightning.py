@@ -5,7 +5,7 @@ A `LightningModule` trained through `ray.train.lightning` (`RayDDPStrategy`,
 gets `RayOrmasLightningCallback` on every rank without a line of change:
 
 * Lightning's `lightning.pytorch.callbacks_factory` entry point (public: Lightning calls every
-  registered factory when a `Trainer` is built): ray-ormas's factory (adoption.py) returns this
+  registered factory when a `Trainer` is built): ray-ormas's factory (worker/adoption.py) returns this
   callback only inside a RayOrmasTrainer loop with `auto_monitor` on, and nothing elsewhere.
 * ormas-monitor's `OrmasMonitorCallback`, extended, not changed: `on_fit_start` builds its
   `Monitor` through ray-ormas (rank 0's segment folder, ray-ormas's sinks, the trainer's
@@ -13,7 +13,7 @@ gets `RayOrmasLightningCallback` on every rank without a line of change:
   the fleet's clock before and the row flush, fleet facts and periodic reports after;
   `on_fit_end` / `on_exception` close the monitor as ormas-monitor does, and ray-ormas persists
   the segment when the loop ends. Ray's `RayTrainReportCallback` reports through
-  `ray.train.report`, which report_route.py routes through ray-ormas.
+  `ray.train.report`, which worker/report_route.py routes through ray-ormas.
 
 Add `RayOrmasLightningCallback(...)` to the trainer's callbacks yourself to choose its options
 (`optimizer_index`, `to_loggers`, `name`); the automatic one then stands down. A trainer that
@@ -31,7 +31,7 @@ try:
 except ImportError as e:
     raise ImportError(f"ray_ormas.lightning needs Lightning: pip install 'ray-ormas[lightning]' ({e})") from e
 
-from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, check_monitor_name
+from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session

@@ -8,7 +8,7 @@ Hooks relied on:
 * `transformers.Trainer.train`, wrapped for the length of a RayOrmasTrainer loop in its worker
   process only (`TrainerHook`): before the original runs, the callback is added with the public
   `Trainer.add_callback`. Transformers has no public way to add a callback to trainers it did
-  not build (Lightning has entry points, see lightning.py); the wrapper is installed and removed
+  not build (Lightning has entry points, see worker/integrations/lightning.py); the wrapper is installed and removed
   by the session and checks that it wraps a callable `train`.
 * ormas-monitor's Transformers `OrmasMonitorCallback`, extended, not changed: `on_train_begin`
   builds its `Monitor` through ray-ormas (rank 0's segment folder, ray-ormas's sinks, the
@@ -16,7 +16,7 @@ Hooks relied on:
   row flush, fleet facts and periodic reports after; `on_train_end` closes the monitor as
   ormas-monitor does. When training raises, ray-ormas closes it (`close()`), since the Trainer
   has no exception hook. Ray's `RayTrainReportCallback` reports through `ray.train.report`,
-  routed through ray-ormas (report_route.py).
+  routed through ray-ormas (worker/report_route.py).
 
 Add `RayOrmasTransformersCallback(...)` yourself (`trainer.add_callback`) to choose its options;
 the automatic one is then not added. A trainer that already has ormas-monitor's plain callback
@@ -36,7 +36,7 @@ try:
 except ImportError as e:
     raise ImportError(f"ray_ormas.transformers needs Transformers: pip install 'ray-ormas[transformers]' ({e})") from e
 
-from ray_ormas._internal.common.settings import DEFAULT_MONITOR_NAME, check_monitor_name
+from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
