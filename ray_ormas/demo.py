@@ -30,7 +30,7 @@ import torch.utils.data
 
 import ray_ormas
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ray_ormas.demo")
 
 ARMS = ("healthy", "watch", "repair")
 

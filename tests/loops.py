@@ -100,7 +100,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
     out: dict[str, Any] = {
         "model_type": type(model).__name__,
-        "fleet_probe": mon._probe is not None,
+        "fleet_probe": mon._runtime._probe is not None,
         "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
         "conv3_abs": float(net.conv3[0].weight.detach().abs().sum()),
     }

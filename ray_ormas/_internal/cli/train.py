@@ -21,7 +21,6 @@ ray-ormas.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -31,18 +30,19 @@ from ray_ormas._internal.cli.failures import describe_failure
 from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.job_config import ConfigError, JobConfig, load_config, load_target
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.driver.capacity import check_capacity, per_worker
 from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.record.store import RecordStorageError
 from ray_ormas._internal.tracking.values import shown
 
-logger = logging.getLogger("ray_ormas.train_command")
+logger = get_logger("ray_ormas.train_command")
 
 CLI_SCALING_KEYS = {"workers": "scaling.workers", "resources": "scaling.resources_per_worker"}
 
 
 def say(message: str) -> None:
-    logger.info("[ray-ormas] %s", message)
+    logger.info("%s", message)
 
 
 def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:

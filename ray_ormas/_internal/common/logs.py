@@ -1,6 +1,8 @@
 """ray-ormas's messages: the `ray_ormas.*` loggers and the default handler that shows them.
 
-Every message of the package goes through `logging.getLogger("ray_ormas.<module>")`. Like
+Every message of the package goes through a `ray_ormas.<part>` logger, taken with `get_logger`,
+which starts each message with "[ray-ormas] " (and "rank N: " when the call says `rank=N`): the
+prefixes come from here, not from each message. Like
 Python's own last-resort handler, but from INFO up, the handler installed on the `ray_ormas`
 logger shows a record only when the process has configured no logging of its own (no handler on
 the root logger). So a user who never touches `logging` sees the lines on the driver, in the
@@ -17,8 +19,27 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any, MutableMapping
 
 ROOT_LOGGER = "ray_ormas"
+PREFIX = "[ray-ormas] "
+
+
+class PrefixedLogger(logging.LoggerAdapter):
+    """A `ray_ormas.*` logger whose messages start with "[ray-ormas] ", then "rank N: " when the call
+    passes `rank=N` (`logger.warning("could not ...", rank=3)`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.getLogger(name), {})
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        rank = kwargs.pop("rank", None)
+        return f"{PREFIX}{'' if rank is None else f'rank {rank}: '}{msg}", kwargs
+
+
+def get_logger(name: str) -> PrefixedLogger:
+    """The logger `name` (under `ray_ormas`), with ray-ormas's prefixes."""
+    return PrefixedLogger(name)
 
 
 class DefaultHandler(logging.Handler):

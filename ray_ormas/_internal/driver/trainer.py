@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
-import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.common.settings import (
     DEFAULT_SYNC_TIMEOUT_S,
@@ -72,7 +72,7 @@ from ray_ormas._internal.worker.plan import WorkerPlan
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # what Ray Train's own state actor is pinned with
 FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 
-logger = logging.getLogger("ray_ormas.trainer")
+logger = get_logger("ray_ormas.trainer")
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,7 @@ class RayOrmasTrainer:
         if record_dir is not None:
             resolved = resolve_location(record_dir, "record_dir")
             if resolved.note:
-                logger.warning("[ray-ormas] %s", resolved.note)
+                logger.warning("%s", resolved.note)
             record_dir = resolved.location
         self.store = RecordStore.for_run(self.run_config, record_dir)
         self.store.check_writable()
@@ -453,7 +453,7 @@ class RayOrmasTrainer:
             outcome = TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {e}"[:300])
         if not outcome.complete:
             logger.warning(
-                "[ray-ormas] the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
+                "the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
                 "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
                 "from the record when the tracker is back",
                 outcome.run_id or "(not created yet)",
@@ -474,7 +474,7 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
         raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
     elif workers == 1:
         logger.warning(
-            "[ray-ormas] fleet health compares the ranks with each other; with one worker there is "
+            "fleet health compares the ranks with each other; with one worker there is "
             "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)"
         )
         return None
@@ -519,14 +519,14 @@ def _sweep_staging(ledger: Any, store: RecordStore) -> None:
     try:
         sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
     except Exception as e:  # only a courtesy on the way out: the training error propagates as it is
-        logger.warning("[ray-ormas] could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
+        logger.warning("could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
 
 
 def _finish_fleet(ledger: Any) -> FleetSummary | None:
     try:
         return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
     except Exception as e:  # the record stays as written; training is not affected
-        logger.warning("[ray-ormas] could not finish the fleet record (%s: %s)", type(e).__name__, e)
+        logger.warning("could not finish the fleet record (%s: %s)", type(e).__name__, e)
         return None
 
 
@@ -538,7 +538,7 @@ def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
         return run_config
     resolved = resolve_location(run_config.storage_path, "RunConfig(storage_path=...)")
     if resolved.note:
-        logger.warning("[ray-ormas] %s", resolved.note)
+        logger.warning("%s", resolved.note)
     if resolved.location == run_config.storage_path:
         return run_config
     return dataclasses.replace(run_config, storage_path=resolved.location)
@@ -577,7 +577,7 @@ def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
         return
     for name, path in records.items():
         logger.warning(
-            "[ray-ormas] training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
+            "training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
             "complete with the error in its run_end if rank 0 could close it)",
             name,
             store.shown(path),

@@ -297,6 +297,23 @@ def hang_alarm(attempt: int, error: str, ranks: list[int]) -> dict[str, Any]:
     }
 
 
+def unreadable_alarm(attempt: int, rank: int, check: int, error: str) -> dict[str, Any]:
+    """A fleet alarm for a rank whose facts could not be read: the checks it misses stay incomplete,
+    so fleet health cannot compare the ranks while it lasts."""
+    return {
+        "attempt": attempt,
+        "check": check,
+        "step": None,
+        "run_step": None,
+        "kind": "unreadable",
+        "ranks": [rank],
+        "node": None,
+        "message": f"rank {rank} could not read its fleet facts at check {check} ({error}); fleet health cannot "
+        f"compare the ranks at the checks it misses"[:2000],
+        "time": time.time(),
+    }
+
+
 def _busy(row: dict[str, Any]) -> float | None:
     data, forward = row.get("data_s"), row.get("forward_s")
     if data is None and forward is None:

@@ -16,13 +16,13 @@ Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules 
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
-from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm
+from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.record.fleet_record import (
     CHECK_FIELDS,
     FleetRecordWriter,
@@ -33,7 +33,7 @@ from ray_ormas._internal.record.fleet_record import (
 )
 from ray_ormas._internal.record.store import RecordStore
 
-logger = logging.getLogger("ray_ormas.fleet")
+logger = get_logger("ray_ormas.fleet")
 HANG_ERROR = "NCCLHangError"
 
 
@@ -75,7 +75,7 @@ class FleetHead:
 
                 self._gauges = FleetGauges(spec.run_name)
             except Exception as e:  # Ray's metrics unavailable: the record and MLflow still get it all
-                logger.warning("[ray-ormas] fleet metrics are off: %s: %s", type(e).__name__, e)
+                logger.warning("fleet metrics are off: %s: %s", type(e).__name__, e)
         self._tracking = tracking
         self._head_s = 0.0
         self._complete = 0
@@ -106,9 +106,15 @@ class FleetHead:
             self._complete += 1
             self._emit(lines, alarms, outcome.loss_mean)
         except Exception as e:  # a malformed fact must not take the ledger down
-            logger.warning("[ray-ormas] fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
+            logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
         finally:
             self._head_s += time.thread_time() - started
+
+    def unreadable(self, attempt: int, rank: int, check: int, error: str) -> None:
+        """A rank's facts could not be read: an alarm that names it (in the fleet record, one
+        warning, the fit's fleet summary), since the checks it misses cannot be analyzed."""
+        alarm = {**unreadable_alarm(attempt, rank, check, error), "run_step": self._last_run_step}
+        self._emit([], [alarm], None)
 
     def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
         """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""
@@ -127,7 +133,7 @@ class FleetHead:
         self._record.append("checks", lines)
         self._record.append("alarms", alarms, urgent=True)
         for a in alarms:
-            logger.warning("[ray-ormas] fleet %s: %s", a["kind"], a["message"])
+            logger.warning("fleet %s: %s", a["kind"], a["message"])
         if self._gauges is not None:
             self._gauges.update(lines, loss_mean, alarms)
         if self._tracking is not None:

@@ -17,10 +17,11 @@ Hooks relied on: `ray.util.metrics.Gauge` / `Counter` (`set` / `inc` with tags).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-logger = logging.getLogger("ray_ormas.fleet")
+from ray_ormas._internal.common.logs import get_logger
+
+logger = get_logger("ray_ormas.fleet")
 
 SCORE = "ormas_fleet_straggler_score"
 SECONDS = "ormas_fleet_rank_seconds"
@@ -73,5 +74,5 @@ class FleetGauges:
                 self._alarms.inc(1, tags={"run": self._run, "kind": a["kind"]})
         except Exception as e:  # telemetry never breaks training
             if not self._failed:
-                logger.warning("[ray-ormas] could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
+                logger.warning("could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
             self._failed = True

@@ -95,6 +95,11 @@ class RunLedger:
         if self._fleet is not None:
             self._fleet.facts(self.begin_attempt(token), facts)
 
+    def fleet_unreadable(self, token: str, rank: int, check: int, error: str) -> None:
+        """A rank could not read its facts at a check (it says so once per attempt)."""
+        if self._fleet is not None:
+            self._fleet.unreadable(self.begin_attempt(token), rank, check, error)
+
     def fleet_error(self, error: str) -> None:
         """The fit itself failed with Ray's NCCLHangError (raised by the controller, not a worker)."""
         if self._fleet is not None:

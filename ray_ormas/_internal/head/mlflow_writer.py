@@ -28,7 +28,6 @@ hold them).
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import posixpath
 import shutil
@@ -43,9 +42,10 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
-from ray_ormas._internal.record.layout import CHECKPOINT_KEY
 from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.segments import record_pointer
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.tracking.sync import (
     Entry,
@@ -58,7 +58,7 @@ from ray_ormas._internal.tracking.sync import (
 )
 from ray_ormas._internal.tracking.values import embedded_uri, first_line, loop_metrics, quick_requests, shown
 
-logger = logging.getLogger("ray_ormas.mlflow")
+logger = get_logger("ray_ormas.mlflow")
 BACKOFF_S = (1, 2, 4, 8, 16, 30)
 
 
@@ -160,10 +160,7 @@ class TrackingWriter:
         kept, skipped = loop_metrics(metrics)
         pointer, staged = None, None
         if checkpoint is not None:
-            try:
-                pointer = checkpoint.get_metadata().get(CHECKPOINT_KEY)
-            except Exception:
-                pointer = None
+            pointer = record_pointer(checkpoint)
             if self._spec.settings.log_checkpoints == "all":
                 staged = _stage(checkpoint)  # now, before num_to_keep can delete it
         with self._lock:
@@ -247,14 +244,14 @@ class TrackingWriter:
                         with self._lock:
                             self._tasks.popleft()
                 except OrmasCompatError as e:  # not an outage: say it loudly, once, and stop
-                    logger.error("[ray-ormas] MLflow tracking stopped: %s", e)
+                    logger.error("MLflow tracking stopped: %s", e)
                     return
                 except Exception as e:
                     failures += 1
                     if self._outage is None:
                         self._outage = f"{type(e).__name__}: {first_line(e)}"
                         logger.warning(
-                            "[ray-ormas] MLflow at %s is unreachable (%s); training goes on, rows wait "
+                            "MLflow at %s is unreachable (%s); training goes on, rows wait "
                             "on the head node (up to %d values; the record keeps all) and are sent "
                             "when it answers",
                             shown(self._uri),
@@ -263,9 +260,7 @@ class TrackingWriter:
                         )
                     continue
                 if self._outage is not None:
-                    logger.warning(
-                        "[ray-ormas] MLflow at %s answers again; the rows that waited are sent", shown(self._uri)
-                    )
+                    logger.warning("MLflow at %s answers again; the rows that waited are sent", shown(self._uri))
                     self._outage = None
                 failures = 0
 
@@ -329,7 +324,7 @@ class TrackingWriter:
                 self._journal["run_id"] = run_id
             self._save_journal()
             self._opened = True
-            logger.debug("[ray-ormas] MLflow run %s at %s", run_id, shown(self._uri))
+            logger.debug("MLflow run %s at %s", run_id, shown(self._uri))
         return self._client
 
     def _snapshot(self) -> dict[str, Any]:
@@ -350,7 +345,7 @@ class TrackingWriter:
             if not self._journal_failed:
                 self._journal_failed = True
                 logger.warning(
-                    "[ray-ormas] could not write the MLflow journal to %s (%s: %s); the loop's metrics "
+                    "could not write the MLflow journal to %s (%s: %s); the loop's metrics "
                     "reach MLflow only from memory",
                     self._spec.store.shown(),
                     type(e).__name__,
@@ -379,9 +374,7 @@ def _stage(checkpoint: Any) -> Path | None:
         )
     except Exception as e:
         shutil.rmtree(staged, ignore_errors=True)
-        logger.warning(
-            "[ray-ormas] could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path, type(e).__name__, e
-        )
+        logger.warning("could not stage checkpoint %s for MLflow (%s: %s)", checkpoint.path, type(e).__name__, e)
         return None
     return staged
 

@@ -20,7 +20,6 @@ Hooks relied on: `RecordStore` (pyarrow.fs) only.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import posixpath
 import shutil
@@ -33,6 +32,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import FLEET_ALARMS, FLEET_CHECKS, FLEET_DIR, FLEET_META
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
@@ -52,7 +52,7 @@ CHECK_FIELDS = (
     "slow",
     "slow_in",
 )
-logger = logging.getLogger("ray_ormas.fleet")
+logger = get_logger("ray_ormas.fleet")
 
 
 def fleet_folder(store: RecordStore, fit_id: str) -> str:
@@ -118,7 +118,7 @@ class FleetRecordWriter:
             shutil.rmtree(self._local, ignore_errors=True)
         else:
             logger.warning(
-                "[ray-ormas] the fleet record could not be uploaded to %s when the fit ended; it is kept "
+                "the fleet record could not be uploaded to %s when the fit ended; it is kept "
                 "at %s on the head node: copy its files there when storage is back",
                 self._store.shown(self.path),
                 self._local,
@@ -151,7 +151,7 @@ class FleetRecordWriter:
     def _fail(self, e: BaseException) -> None:
         if not self._failed:
             logger.warning(
-                "[ray-ormas] could not write the fleet record to %s (%s: %s); training goes on",
+                "could not write the fleet record to %s (%s: %s); training goes on",
                 self._store.shown(self.path),
                 type(e).__name__,
                 e,

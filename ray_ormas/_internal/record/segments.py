@@ -34,8 +34,11 @@ import posixpath
 import time
 from typing import Any
 
-from ray_ormas._internal.record.layout import DIARY, SEGMENT_FILE, SEGMENT_FORMAT, json_lines
+from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.record.layout import CHECKPOINT_KEY, DIARY, SEGMENT_FILE, SEGMENT_FORMAT, json_lines
 from ray_ormas._internal.record.store import RecordStore
+
+logger = get_logger("ray_ormas.record")
 
 LINK_VERSION = 1
 
@@ -105,3 +108,22 @@ def event_step(line: dict[str, Any], last_step: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return last_step
+
+
+def record_pointer(checkpoint: Any) -> dict[str, Any] | None:
+    """The record pointer in a checkpoint's Ray metadata (`CHECKPOINT_KEY`); None when it has none.
+    Metadata that cannot be read is said (one warning) and taken as none: the checkpoint still
+    resumes, and the record's new segment is then not linked to the one it continues."""
+    try:
+        metadata = checkpoint.get_metadata()
+    except Exception as e:
+        logger.warning(
+            "could not read the metadata of checkpoint %s (%s: %s); it is used without a record "
+            "pointer, so the record's next segment is not linked to the one it continues",
+            getattr(checkpoint, "path", checkpoint),
+            type(e).__name__,
+            e,
+        )
+        return None
+    pointer = metadata.get(CHECKPOINT_KEY) if isinstance(metadata, dict) else None
+    return pointer if isinstance(pointer, dict) else None

@@ -15,7 +15,6 @@ Hooks relied on: `ray.remote` tasks with `NodeAffinitySchedulingStrategy(soft=Fa
 
 from __future__ import annotations
 
-import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,11 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
 
-logger = logging.getLogger("ray_ormas")
+logger = get_logger("ray_ormas")
 SWEEP_TIMEOUT_S = 300
 
 
@@ -77,5 +77,5 @@ def sweep(store: RecordStore, staged: list[Staging], timeout_s: float = SWEEP_TI
                 f"copy its files there when storage is back"
             )
     for message in left:
-        logger.warning("[ray-ormas] %s", message)
+        logger.warning("%s", message)
     return left

@@ -22,12 +22,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-import logging
 import sys
 import types
 from typing import Any, Callable
 
-logger = logging.getLogger("ray_ormas.adoption")
+from ray_ormas._internal.common.logs import get_logger
+
+logger = get_logger("ray_ormas.adoption")
 
 LIGHTNING_ENTRY_POINT_GROUP = "lightning.pytorch.callbacks_factory"
 ENTRY_POINT_NAME = "ray_ormas"
@@ -83,10 +84,10 @@ class Adoption:
             hook.install()
         except (ImportError, RuntimeError) as e:  # the driver checked; a worker may still differ
             logger.error(
-                "[ray-ormas] rank %d: no monitor for Transformers trainers (%s); training goes on. "
+                "no monitor for Transformers trainers (%s); training goes on. "
                 "pip install 'ray-ormas[transformers]' on every node",
-                self._session.rank,
                 e,
+                rank=self._session.rank,
             )
             return
         self._pieces.append(hook)
@@ -96,7 +97,7 @@ class Adoption:
             try:
                 piece.remove()
             except Exception as e:  # never over the loop's own outcome
-                logger.warning("[ray-ormas] could not remove %s (%s: %s)", type(piece).__name__, type(e).__name__, e)
+                logger.warning("could not remove %s (%s: %s)", type(piece).__name__, type(e).__name__, e)
         self._pieces = []
         self._session.report_route = None
 

@@ -93,7 +93,7 @@ def monitor(
         scaler: the `torch.amp.GradScaler`, if mixed precision uses one.
         sinks: extra ormas-monitor sinks (rank 0 calls them).
     """
-    return _session("monitor").add_monitor(model, optimizer, check_monitor_name(name), scaler, sinks)
+    return _session("monitor").add_monitor(model, optimizer, check_monitor_name(name), scaler, sinks).handle
 
 
 def report(

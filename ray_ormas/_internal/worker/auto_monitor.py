@@ -28,7 +28,6 @@ time after that gets an automatic monitor (a deliberately unwatched model stays 
 
 from __future__ import annotations
 
-import logging
 import weakref
 from typing import Any, Mapping
 
@@ -37,12 +36,13 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME
-from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach
 from ray_ormas._internal.worker.session import WorkerSession
 
-logger = logging.getLogger("ray_ormas.auto_monitor")
+logger = get_logger("ray_ormas.auto_monitor")
 
 HOOK_NAME = "the optimizer step hook"
 _IGNORED = object()  # an optimizer no automatic monitor follows
@@ -81,9 +81,9 @@ def _inner(model: nn.Module) -> nn.Module:
 
 
 class _Follower:
-    """One automatic monitor: its model, optimizer, loss hook and the WorkerMonitor."""
+    """One automatic monitor: its model, optimizer, loss hook and the MonitorRuntime."""
 
-    def __init__(self, monitor: WorkerMonitor, loss_module: nn.Module | None, loss_from_output: bool) -> None:
+    def __init__(self, monitor: MonitorRuntime, loss_module: nn.Module | None, loss_from_output: bool) -> None:
         self.monitor = monitor
         self.loss_module = loss_module
         self._training = monitor.model  # its losses count only while it trains (not in validation)
@@ -274,7 +274,7 @@ class AutoMonitors:
         self._auto.append(follower)
         if session.rank == 0:
             logger.info(
-                "[ray-ormas] monitor %r follows %s, stepped by %s, from the loop's step 2 on; loss: %s",
+                "monitor %r follows %s, stepped by %s, from the loop's step 2 on; loss: %s",
                 name,
                 facts["model"],
                 facts["optimizer"],
@@ -299,7 +299,7 @@ class AutoMonitors:
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            logger.warning("[ray-ormas] rank %d: %s", self._session.rank, message)
+            logger.warning("%s", message, rank=self._session.rank)
 
 
 def _loss_source(from_output: bool, loss_modules: list[nn.Module], several: bool) -> tuple[str | None, str | None]:

@@ -35,7 +35,6 @@ Hooks relied on: `ray.train.get_checkpoint`, `ray.train.Checkpoint.from_director
 
 from __future__ import annotations
 
-import logging
 import random
 import sys
 import tempfile
@@ -55,7 +54,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-logger = logging.getLogger("ray_ormas.checkpointing")
+from ray_ormas._internal.common.logs import get_logger
+
+logger = get_logger("ray_ormas.checkpointing")
 
 STATE_FILE = "state.pt"
 FORMAT = "ray-ormas-checkpoint/1"
@@ -193,8 +194,7 @@ def _restore_rng(states: list[dict[str, Any]]) -> None:
     rank = _rank()
     if rank >= len(states):
         logger.warning(
-            "[ray-ormas] the checkpoint holds random states for %d ranks; rank %d keeps its own "
-            "(the world size changed)",
+            "the checkpoint holds random states for %d ranks; rank %d keeps its own (the world size changed)",
             len(states),
             rank,
         )

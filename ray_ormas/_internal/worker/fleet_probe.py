@@ -26,6 +26,7 @@ monitor's public `step_count`, `checks` and `check_every`, `ray.util.get_node_ip
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -50,6 +51,7 @@ class RankProbe:
         self._ledger = ledger
         self._token = token
         self._rank = rank
+        self._unreadable_said = False  # the head was told this rank's facts cannot be read
         self._node = node
         first = next(iter(model.parameters()), None)
         self._cuda = first is not None and first.is_cuda
@@ -126,8 +128,15 @@ class RankProbe:
         self._disarm()
         try:
             facts = self._facts(check, step, loss, wall)
+        except Exception as e:  # telemetry never breaks training; the head names this rank, once
+            if not self._unreadable_said:
+                self._unreadable_said = True
+                with contextlib.suppress(Exception):
+                    self._ledger.fleet_unreadable.remote(self._token, self._rank, check, f"{type(e).__name__}: {e}")
+            return
+        try:
             self._ledger.fleet_facts.remote(self._token, facts)
-        except Exception:  # a failed read or a gone ledger: the next check tries again
+        except Exception:  # a gone ledger: the next check tries again
             pass
 
     def _facts(self, check: int, step: int, loss: torch.Tensor | float | None, wall: float) -> dict[str, Any]:

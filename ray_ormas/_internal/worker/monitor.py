@@ -10,7 +10,6 @@ for the node a staging folder lives on, and the run ledger's actor calls (`set_r
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -20,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DIARY, SEGMENT_FILE
 from ray_ormas._internal.record.segments import segment_link
 from ray_ormas._internal.record.staging import Staging
@@ -31,7 +31,7 @@ from ray_ormas._internal.worker.plan import Attach, WorkerPlan
 from ray_ormas._internal.worker.reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from ray_ormas._internal.worker.row_forwarder import RowForwarder
 
-logger = logging.getLogger("ray_ormas.worker")
+logger = get_logger("ray_ormas.worker")
 
 
 class Session(Protocol):
@@ -42,7 +42,7 @@ class Session(Protocol):
     world_size: int
     attempt: int
     token: str
-    monitors: dict[str, WorkerMonitor]
+    monitors: dict[str, MonitorRuntime]
 
     def node(self) -> str: ...
 
@@ -53,9 +53,10 @@ class Session(Protocol):
     ) -> None: ...
 
 
-class WorkerMonitor:
-    """One rank's monitor. `step(loss)` after backward, before optimizer.step(); `.monitor` is the
-    ormas-monitor `Monitor` itself. Closed by ray-ormas when the loop ends."""
+class MonitorRuntime:
+    """One rank's monitor as ray-ormas runs it: the `Monitor`, its segment, its sinks, its fleet
+    probe, and the protocol the session and the framework callbacks use (`before_step`,
+    `after_step`, `persist`, `close`, `metrics`). The loop gets its `handle`."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class WorkerMonitor:
         plan = session.plan
         attach = attach or Attach()
         self.name = name
+        self.handle = WorkerMonitor(self)
         self.buffer = RecordBuffer()
         self.model = model
         self.optimizer = optimizer
@@ -182,7 +184,7 @@ class WorkerMonitor:
             link["attached"] = {**link.get("attached", {}), **facts}
             path.write_text(json.dumps(link, indent=1, sort_keys=True) + "\n")
         except (OSError, ValueError) as e:  # telemetry never breaks training
-            logger.warning("[ray-ormas] could not update %s (%s: %s)", path, type(e).__name__, e)
+            logger.warning("could not update %s (%s: %s)", path, type(e).__name__, e)
 
     def micro_step(self, loss: torch.Tensor | float) -> None:
         """With gradient accumulation: the loss of one micro-batch, as computed (before dividing
@@ -266,7 +268,7 @@ class WorkerMonitor:
         where = self._session.plan.store.shown(self.segment_path)
         if not self._upload_failed:
             logger.warning(
-                "[ray-ormas] could not persist the record of monitor %r to %s (%s); training goes on, the "
+                "could not persist the record of monitor %r to %s (%s); training goes on, the "
                 "record is kept at %s on this node and is uploaded again at the next checkpoint and at the "
                 "end",
                 self.name,
@@ -317,7 +319,7 @@ class WorkerMonitor:
             self._session.plan.ledger.drop_staging.remote(self.segment_path)
             return
         logger.warning(
-            "[ray-ormas] the record of monitor %r could not be uploaded to %s when training ended; it is "
+            "the record of monitor %r could not be uploaded to %s when training ended; it is "
             "kept whole at %s on node %s, and the driver tries again when the fit ends",
             self.name,
             store.shown(self.segment_path),
@@ -341,3 +343,50 @@ class WorkerMonitor:
             out[p + keys.STEP_OFFSET] = self.step_offset
             out[p + keys.RECORD_ERRORS] = self.buffer.record_errors
         return out
+
+
+class WorkerMonitor:
+    """One rank's monitor, as the training loop holds it (`ray_ormas.monitor(...)` returns it).
+
+    `step(loss)` once per optimizer step, after backward and before `optimizer.step()`;
+    `micro_step(loss)` once per micro-batch under gradient accumulation; `.monitor` is the
+    ormas-monitor `Monitor` itself; `.name` and `.steps`. ray-ormas closes it when the loop ends
+    (`close()` earlier is allowed: it returns the report's path on rank 0, None elsewhere)."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: MonitorRuntime) -> None:
+        self._runtime = runtime
+
+    @property
+    def name(self) -> str:
+        """The monitor's name: its folder in the record."""
+        return self._runtime.name
+
+    @property
+    def monitor(self) -> Any:
+        """The ormas-monitor `Monitor` on this rank."""
+        return self._runtime.monitor
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps seen so far."""
+        return self._runtime.steps
+
+    def step(self, loss: torch.Tensor | float | None = None) -> None:
+        """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`. With
+        gradient accumulation, after the last micro-step's backward, without a loss."""
+        self._runtime.step(loss)
+
+    def micro_step(self, loss: torch.Tensor | float) -> None:
+        """With gradient accumulation: the loss of one micro-batch, as computed (before dividing
+        by the accumulation steps); the next `step()` records the window's mean. No host sync."""
+        self._runtime.micro_step(loss)
+
+    def close(self) -> Path | None:
+        """Close the monitor now: rank 0 writes `run_end` and the reports and gets the report's
+        path; other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
+        return self._runtime.close()
+
+    def __repr__(self) -> str:
+        return f"ray_ormas.WorkerMonitor({self.name!r}, steps={self.steps})"

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas.errors import RaySeamChanged
 
-logger = logging.getLogger("ray_ormas.report_route")
+logger = get_logger("ray_ormas.report_route")
 
 SEAM_MODULE = "ray.train.v2._internal.execution.train_fn_utils"
 REPORT_PARAMETERS = (
@@ -89,7 +89,7 @@ class ReportRoute:
             module = check_report_seam()
         except RaySeamChanged as e:
             logger.error(
-                "[ray-ormas] the loop's own ray.train.report calls cannot carry the record on this Ray "
+                "the loop's own ray.train.report calls cannot carry the record on this Ray "
                 "version (%s): its checkpoints get no record pointer and its reports no ormas/ facts. "
                 "Training goes on; call ray_ormas.report(...) instead, or install the Ray version CI "
                 "tests (ray==2.60.0)",

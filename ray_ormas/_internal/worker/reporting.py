@@ -16,16 +16,16 @@ collision, which no real divergence produces); it is not a cryptographic hash of
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.digest import parameter_digest
 
-progress = logging.getLogger("ray_ormas.progress")
+progress = get_logger("ray_ormas.progress")
 
 EVENT_LIMIT = 200  # events carried per report; the rest are counted, and stay in the record
 _EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosis")
@@ -52,7 +52,7 @@ class ProgressPrinter:
         loss = payload.get("loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
         progress.info(
-            f"[ray-ormas] {self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
+            f"{self.name} step {payload.get('step'):>6}  loss {shown:>9}  "
             f"alarms {self.alarms:>3}  stuck {channels:>4} ch in {layers} layers  "
             f"repaired {self.repairs:>4} ch"
         )

@@ -10,12 +10,12 @@ Hooks relied on: ormas-monitor's sink protocol `sink(kind, payload)`; the ledger
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.segments import event_step
 
-logger = logging.getLogger("ray_ormas.mlflow")
+logger = get_logger("ray_ormas.mlflow")
 
 
 class RowForwarder:
@@ -48,7 +48,7 @@ class RowForwarder:
         except Exception as e:  # telemetry never breaks training; the record has it all
             self._failed = True
             logger.warning(
-                "[ray-ormas] could not hand MLflow rows to the head node (%s: %s); the record keeps "
+                "could not hand MLflow rows to the head node (%s: %s); the record keeps "
                 "them and the fit's end sends them from there",
                 type(e).__name__,
                 e,

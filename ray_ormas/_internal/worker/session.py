@@ -41,7 +41,6 @@ and its own `ray.train.report` calls come to `WorkerSession.route_report`.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -51,14 +50,16 @@ import torch
 import torch.nn as nn
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.record.layout import CHECKPOINT_KEY, RESERVED_MONITOR_NAMES
+from ray_ormas._internal.record.segments import record_pointer
 from ray_ormas._internal.worker.checkpointing import is_temporary
-from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
 from ray_ormas._internal.worker.rendezvous import meet
 
-logger = logging.getLogger("ray_ormas.worker")
+logger = get_logger("ray_ormas.worker")
 
 _SESSION: WorkerSession | None = None
 RANK0_START_GRACE_S = 2.0  # a failing rank waits this long for rank 0 to start closing its record
@@ -86,7 +87,7 @@ class WorkerSession:
         self.plan = plan
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
-        self.monitors: dict[str, WorkerMonitor] = {}
+        self.monitors: dict[str, MonitorRuntime] = {}
         self.reports = 0
         from ray.train.collective import broadcast_from_rank_zero
 
@@ -110,10 +111,7 @@ class WorkerSession:
             self._resume_read = True
             checkpoint = ray.train.get_checkpoint()
             if checkpoint is not None:
-                try:
-                    record = checkpoint.get_metadata().get(CHECKPOINT_KEY)
-                except Exception:  # a checkpoint without readable metadata still resumes
-                    record = None
+                record = record_pointer(checkpoint)  # unreadable metadata: said, and None
                 self._resumed_from = {"checkpoint": checkpoint.path, "record": record}
         return self._resumed_from
 
@@ -125,7 +123,7 @@ class WorkerSession:
         scaler: Any,
         sinks: Sequence[Callable[[str, dict], None]],
         attach: Attach | None = None,
-    ) -> WorkerMonitor:
+    ) -> MonitorRuntime:
         owner = self.monitor_of(model)
         if owner is not None:
             raise ValueError(_claimed(owner, type(model).__name__))
@@ -140,11 +138,11 @@ class WorkerSession:
                 f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
                 f"use repair=False to watch only"
             )
-        mon = WorkerMonitor(self, name, model, optimizer, scaler, sinks, attach=attach)
+        mon = MonitorRuntime(self, name, model, optimizer, scaler, sinks, attach=attach)
         self.monitors[name] = mon
         return mon
 
-    def monitor_of(self, model: nn.Module) -> WorkerMonitor | None:
+    def monitor_of(self, model: nn.Module) -> MonitorRuntime | None:
         """The open monitor that already watches some parameter of `model`, if any."""
         ids = {id(p) for p in model.parameters()}
         return next((mon for mon in self.monitors.values() if mon.parameter_ids & ids and not mon.closed), None)
@@ -214,7 +212,7 @@ class WorkerSession:
                     checkpoint.update_metadata({CHECKPOINT_KEY: pointers})
                 except Exception as e:  # the user's checkpoint is reported either way
                     logger.warning(
-                        "[ray-ormas] could not add the record pointer to the checkpoint's metadata (%s: %s)",
+                        "could not add the record pointer to the checkpoint's metadata (%s: %s)",
                         type(e).__name__,
                         e,
                     )
@@ -249,10 +247,10 @@ class WorkerSession:
             raise
         if not self.monitors and self.plan.settings.auto_monitor:
             logger.warning(
-                "[ray-ormas] rank %d: no monitor ran: the loop built none, and no optimizer.step() stepped "
+                "no monitor ran: the loop built none, and no optimizer.step() stepped "
                 "a model it called in training mode. Build one with ray_ormas.monitor(model, optimizer) "
                 "(docs/adoption.md)",
-                self.rank,
+                rank=self.rank,
             )
         steps = {rank: arrival.step for rank, arrival in seen.items()}
         for mon in self.monitors.values():
@@ -260,21 +258,21 @@ class WorkerSession:
                 mon.close()
             except Exception as e:  # the record stays as written; training succeeded
                 logger.warning(
-                    "[ray-ormas] rank %d: could not finish the record of monitor %r (%s: %s); "
+                    "could not finish the record of monitor %r (%s: %s); "
                     "`ormas-monitor report %s` rebuilds the reports",
-                    self.rank,
                     mon.name,
                     type(e).__name__,
                     e,
                     mon.record_dir,
+                    rank=self.rank,
                 )
         final = self._metrics("final")
-        final["ormas/steps_per_rank"] = [steps[r] for r in sorted(steps)]
+        final[keys.STEPS_PER_RANK] = [steps[r] for r in sorted(steps)]
         if self.rank == 0 and len(set(steps.values())) > 1:
             logger.warning(
-                "[ray-ormas] warning: ranks ran different numbers of monitor steps %s; the record follows "
+                "warning: ranks ran different numbers of monitor steps %s; the record follows "
                 "rank 0, and the replicas may have diverged",
-                final["ormas/steps_per_rank"],
+                final[keys.STEPS_PER_RANK],
             )
         self.reports += 1
         self._ray_report(final, None)
@@ -292,12 +290,12 @@ class WorkerSession:
                 mon.close()  # run_end carries the pending exception; then the segment is persisted
             except Exception as e:
                 logger.warning(
-                    "[ray-ormas] rank %d: could not close monitor %r after the loop failed (%s: %s); the "
+                    "could not close monitor %r after the loop failed (%s: %s); the "
                     "loop's own error propagates unchanged",
-                    self.rank,
                     mon.name,
                     type(e).__name__,
                     e,
+                    rank=self.rank,
                 )
         try:
             if self.rank == 0:
@@ -320,7 +318,7 @@ def check_metrics(metrics: Any) -> None:
         raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
 
 
-def _claimed(owner: WorkerMonitor, model: str) -> str:
+def _claimed(owner: MonitorRuntime, model: str) -> str:
     if owner.attached_by != EXPLICIT:
         return (
             f"two monitors claim one model: {model} is already watched by monitor {owner.name!r}, attached by "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import logging
 from typing import Any, Iterator
 
 import ray.train
@@ -29,7 +28,9 @@ import ray.train.torch
 import torch
 import torch.nn as nn
 
-logger = logging.getLogger("ray_ormas.strategies")
+from ray_ormas._internal.common.logs import get_logger
+
+logger = get_logger("ray_ormas.strategies")
 
 
 def prepare(
@@ -119,7 +120,7 @@ def epochs(loader: Any, count: int, start: int = 0) -> Iterator[int]:
     )
     if not settable and distributed:
         logger.warning(
-            "[ray-ormas] epochs(): %s has no set_epoch(); if it shuffles, every epoch sees the same order. "
+            "epochs(): %s has no set_epoch(); if it shuffles, every epoch sees the same order. "
             "Use a DistributedSampler (ray.train.torch.prepare_data_loader adds one)",
             type(sampler).__name__,
         )

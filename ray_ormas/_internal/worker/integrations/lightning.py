@@ -22,7 +22,6 @@ already has ormas-monitor's plain callback keeps it (with its own record) and ge
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,13 @@ try:
 except ImportError as e:
     raise ImportError(f"ray_ormas.lightning needs Lightning: pip install 'ray-ormas[lightning]' ({e})") from e
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
-from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
 
-logger = logging.getLogger("ray_ormas.lightning")
+logger = get_logger("ray_ormas.lightning")
 
 ATTACHED_BY = "ormas-monitor's Lightning callback"
 
@@ -65,7 +65,7 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
         super().__init__(optimizer_index=optimizer_index, to_loggers=to_loggers, write_report=True)
         self.name = check_monitor_name(name)
         self.automatic = automatic
-        self.worker: WorkerMonitor | None = None
+        self.worker: MonitorRuntime | None = None
         self._fits = 0
         self._last_loss: Any = None
 
@@ -137,7 +137,7 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
         plain = [cb for cb in others if not isinstance(cb, RayOrmasLightningCallback)]
         if plain and session.rank == 0:
             logger.warning(
-                "[ray-ormas] the Lightning trainer already has ormas-monitor's own OrmasMonitorCallback, "
+                "the Lightning trainer already has ormas-monitor's own OrmasMonitorCallback, "
                 "which writes its own record (in the trainer's log_dir), outside the ray-ormas record and "
                 "MLflow run; ray-ormas attaches nothing more. For one record, replace it with "
                 "ray_ormas.lightning.RayOrmasLightningCallback(...), or remove it"

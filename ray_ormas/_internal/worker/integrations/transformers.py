@@ -26,7 +26,6 @@ keeps it (with its own record) and gets nothing more.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,13 @@ try:
 except ImportError as e:
     raise ImportError(f"ray_ormas.transformers needs Transformers: pip install 'ray-ormas[transformers]' ({e})") from e
 
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
-from ray_ormas._internal.worker.monitor import WorkerMonitor
+from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
 
-logger = logging.getLogger("ray_ormas.transformers")
+logger = get_logger("ray_ormas.transformers")
 
 ATTACHED_BY = "ormas-monitor's Transformers callback"
 
@@ -61,7 +61,7 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
     def __init__(self, *, to_loggers: bool = False, name: str = DEFAULT_MONITOR_NAME) -> None:
         super().__init__(to_loggers=to_loggers, write_report=True)
         self.name = check_monitor_name(name)
-        self.worker: WorkerMonitor | None = None
+        self.worker: MonitorRuntime | None = None
         self._trainings = 0
 
     def on_train_begin(
@@ -127,7 +127,7 @@ def _has_ormas_callback(trainer: Any) -> bool:
     session = current_session()
     if plain and session is not None and session.rank == 0:
         logger.warning(
-            "[ray-ormas] the Transformers trainer already has ormas-monitor's own OrmasMonitorCallback, "
+            "the Transformers trainer already has ormas-monitor's own OrmasMonitorCallback, "
             "which writes its own record (in args.output_dir), outside the ray-ormas record and MLflow "
             "run; ray-ormas adds nothing. For one record, replace it with "
             "ray_ormas.transformers.RayOrmasTransformersCallback(...), or remove it"
