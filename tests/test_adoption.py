@@ -404,12 +404,13 @@ def test_which_frameworks_a_loop_uses_is_read_from_its_code_and_module():
 def test_a_changed_report_seam_is_said_and_leaves_the_loops_reports_unrouted(caplog, monkeypatch):
     """Ray Train's TrainFnUtils is private: checked against Ray 2.60's, and a change (simulated by
     expecting one more parameter than the installed Ray has) is one error line, not a failure."""
+    from ray_ormas._internal.seams import ray_train
     from ray_ormas._internal.worker import report_route
 
-    assert report_route.check_report_seam() is not None
-    monkeypatch.setattr(report_route, "REPORT_PARAMETERS", (*report_route.REPORT_PARAMETERS, "upload_timeout_s"))
-    with pytest.raises(report_route.ReportSeamChanged, match=r"TrainFnUtils\.report takes .* not "):
-        report_route.check_report_seam()
+    assert ray_train.report_seam() is not None
+    monkeypatch.setattr(ray_train, "REPORT_PARAMETERS", (*ray_train.REPORT_PARAMETERS, "upload_timeout_s"))
+    with pytest.raises(ray_ormas.RaySeamChanged, match=r"TrainFnUtils\.report takes .* not "):
+        ray_train.report_seam()
     assert report_route.ReportRoute(lambda *args: None).install() is False
     [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "cannot carry the record on this Ray version" in line and "ray_ormas.report" in line

@@ -9,14 +9,14 @@ own log output and in the record's `run_end`.
 
 Hooks relied on: `ray.train.WorkerGroupError.worker_failures`,
 `ray.train.ControllerError.controller_failure`, `ray.exceptions.RayTaskError.cause`, and the
-text of `ActorDiedError` (its last `Type: message` line is the constructor's error).
+text of `ActorDiedError` (its last `Type: message` line is the constructor's error), read by
+seams/ray_train.py's `remote_error_line`.
 """
 
 from __future__ import annotations
 
-import re
+from ray_ormas._internal.seams.ray_train import remote_error_line
 
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
 MAX_MESSAGE = 600
 
 
@@ -47,12 +47,10 @@ def describe_failure(error: BaseException) -> str:
 def one_line(error: BaseException) -> str:
     """`Type: message`, the message cut to its meaningful part (a remote traceback's last line)."""
     text = str(error).strip()
+    remote = remote_error_line(text)  # a remote traceback's last `Type: message` (seams/ray_train.py)
+    if remote is not None:
+        return _cut(remote)
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 1 and any(line.lstrip().startswith(("File ", "Traceback")) for line in lines):
-        for line in reversed(lines):
-            m = EXCEPTION_LINE.match(line.strip())
-            if m:
-                return _cut(line.strip())
     message = " ".join(line.strip() for line in lines) if lines else ""
     name = type(error).__name__
     return _cut(f"{name}: {message}" if message else name)

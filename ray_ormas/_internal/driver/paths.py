@@ -28,9 +28,9 @@ import json
 import os
 from dataclasses import dataclass
 
+from ray_ormas._internal.seams.ray_train import job_config_env
 from ray_ormas.errors import StoragePathError
 
-RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 PYARROW_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "mock")
 INSTEAD = (
     "an absolute path every node can reach (/mnt/shared/runs), a path in the home folder "
@@ -56,7 +56,7 @@ class ResolvedLocation:
 def submitted_job_working_dir() -> str | None:
     """Under `ray job submit`: the job's `--working-dir` as submitted ("" when none was given);
     None when this process is not a submitted job's entrypoint."""
-    raw = os.environ.get(RAY_JOB_ENV)
+    raw = os.environ.get(job_config_env())  # Ray's job supervisor sets it (checked in seams/ray_train.py)
     if raw is None:
         return None
     try:

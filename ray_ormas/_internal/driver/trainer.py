@@ -64,12 +64,12 @@ from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.staging import sweep
 from ray_ormas._internal.record.store import RecordStore, resolve
+from ray_ormas._internal.seams.ray_train import check_nccl_hang_env, head_node_resource
 from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_exists, mlflow_environment, shown
 from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas._internal.worker.loop import wrap_train_loop
 from ray_ormas._internal.worker.plan import WorkerPlan
 
-HEAD_NODE_RESOURCE = "node:__internal_head__"  # what Ray Train's own state actor is pinned with
 FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 
 logger = get_logger("ray_ormas.trainer")
@@ -365,7 +365,10 @@ class RayOrmasTrainer:
             **self.passed_through,
         )
         try:
-            with _environment(self.fleet.hang_detector_env() if self.fleet is not None else {}):
+            hang_env = self.fleet.hang_detector_env() if self.fleet is not None else {}
+            if hang_env:
+                check_nccl_hang_env()  # the names Ray Train reads, checked (seams/ray_train.py)
+            with _environment(hang_env):
                 result = trainer.fit()
         except BaseException as e:
             # Ray's own SIGINT handler aborts the run and leaves fit() with SystemExit.
@@ -547,8 +550,9 @@ def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
 def _on_head_node() -> dict[str, Any]:
     """Actor options that keep the ledger on the head node (as Ray Train keeps its own state
     actor), so that losing a worker node never takes it along; else near the driver."""
-    if HEAD_NODE_RESOURCE in ray.cluster_resources():
-        return {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+    head = head_node_resource()  # Ray's own name for it, checked (seams/ray_train.py)
+    if head in ray.cluster_resources():
+        return {"resources": {head: 0.001}}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
 
 

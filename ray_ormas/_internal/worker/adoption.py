@@ -34,8 +34,16 @@ LIGHTNING_ENTRY_POINT_GROUP = "lightning.pytorch.callbacks_factory"
 ENTRY_POINT_NAME = "ray_ormas"
 # framework -> (root modules that mean it, the ray-ormas module it needs, the extra that installs it)
 FRAMEWORKS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "lightning": (("lightning", "ray.train.lightning"), "ray_ormas.lightning", "lightning"),
-    "transformers": (("transformers", "ray.train.huggingface"), "ray_ormas.transformers", "transformers"),
+    "lightning": (
+        ("lightning", "ray.train.lightning"),
+        "ray_ormas._internal.worker.integrations.lightning",
+        "lightning",
+    ),
+    "transformers": (
+        ("transformers", "ray.train.huggingface"),
+        "ray_ormas._internal.worker.integrations.transformers",
+        "transformers",
+    ),
 }
 
 

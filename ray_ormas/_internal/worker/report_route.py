@@ -8,52 +8,24 @@ reported checkpoint and put the record pointer in its metadata, and add the `orm
 Hook relied on: Ray Train V2's `TrainFnUtils`, the object every public `ray.train` call of a
 worker goes through (`ray.train.v2._internal.execution.train_fn_utils.get_train_fn_utils` /
 `set_train_fn_utils`). Ray's docstring invites it: "This class can be patched if new user APIs
-behaviors is wanted". It is private, so `check_report_seam` compares it with Ray 2.60's
+behaviors is wanted". It is private, so seams/ray_train.py's `report_seam` compares it with Ray 2.60's
 (`report`'s parameters) and names what changed; a changed seam leaves reports unrouted, loudly,
 and never stops training. ray-ormas's own reports pass straight through (`passing_through`).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.seams.ray_train import report_seam
 from ray_ormas.errors import RaySeamChanged
 
 logger = get_logger("ray_ormas.report_route")
 
-SEAM_MODULE = "ray.train.v2._internal.execution.train_fn_utils"
-REPORT_PARAMETERS = (
-    "self",
-    "metrics",
-    "checkpoint",
-    "checkpoint_dir_name",
-    "checkpoint_upload_mode",
-    "delete_local_checkpoint_after_upload",
-    "checkpoint_upload_fn",
-    "validation",
-)
-
 Route = Callable[[dict[str, Any], Any, dict[str, Any]], None]  # (metrics, checkpoint, other keyword arguments)
-
-
-def check_report_seam() -> Any:
-    """The seam's module, or RaySeamChanged saying what is different from Ray 2.60."""
-    try:
-        module = importlib.import_module(SEAM_MODULE)
-    except ImportError as e:
-        raise RaySeamChanged(f"{SEAM_MODULE} cannot be imported ({e})") from None
-    for name in ("get_train_fn_utils", "set_train_fn_utils", "TrainFnUtils"):
-        if not hasattr(module, name):
-            raise RaySeamChanged(f"{SEAM_MODULE}.{name} is gone")
-    got = tuple(inspect.signature(module.TrainFnUtils.report).parameters)
-    if got != REPORT_PARAMETERS:
-        raise RaySeamChanged(f"TrainFnUtils.report takes {got}, not {REPORT_PARAMETERS}")
-    return module
 
 
 class _RoutedTrainFnUtils:
@@ -86,7 +58,7 @@ class ReportRoute:
     def install(self) -> bool:
         """Route reports; False (with one error line) if Ray's seam changed."""
         try:
-            module = check_report_seam()
+            module = report_seam()
         except RaySeamChanged as e:
             logger.error(
                 "the loop's own ray.train.report calls cannot carry the record on this Ray "

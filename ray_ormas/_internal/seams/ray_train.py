@@ -1,0 +1,145 @@
+"""Everything ray-ormas needs from Ray beyond its public API, in one place, each piece checked so
+that a Ray release that changes it fails loudly (`RaySeamChanged`, saying what changed and what
+to do) instead of quietly doing less. The dependency admits the Ray versions CI tests; each check
+compares with what Ray 2.60 has. docs/architecture.md lists, per piece, why it exists and the
+upstream change that would let it go.
+
+* `report_seam()`: Ray Train V2's `TrainFnUtils`, through which every public `ray.train` call of
+  a worker goes; zero-change adoption routes the loop's own `ray.train.report` calls through it
+  (worker/report_route.py). Checked: the module, its three names, `report`'s parameters.
+* `HEAD_NODE_RESOURCE`: the custom resource the head node carries, which Ray Train pins its own
+  state actor with; the run ledger is pinned the same way (driver/trainer.py). Checked against
+  Ray's own constant.
+* `JOB_CONFIG_ENV`: the variable Ray's job supervisor sets in a submitted job's driver, which
+  tells a `ray job submit` run from a local one (driver/paths.py). Checked against Ray's constant.
+* `NCCL_HANG_ENV`: the variables Ray Train reads on the driver to build its NCCL hang detector
+  (common/fleet_settings.py sets them). Checked against Ray Train's constants.
+* `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
+  `ActorDiedError` (or `RayTaskError`) carries as text (cli/failures.py). When a traceback ends
+  without one, Ray's format changed: said once, and the whole text is used.
+
+The checks import Ray's private modules only inside them, so importing this module costs
+nothing and a worker never loads more of Ray than it uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+from typing import Any
+
+from ray_ormas._internal.common.fleet_settings import HANG_ACTION_ENV, HANG_CONFIRM_ENV, HANG_DETECTOR_ENV
+from ray_ormas._internal.common.logs import get_logger
+from ray_ormas.errors import RaySeamChanged
+
+logger = get_logger("ray_ormas.seams")
+
+TESTED = "ray==2.60.0"
+ADVICE = f"ray-ormas is tested with {TESTED}: pip install '{TESTED}', or a ray-ormas release made for this Ray"
+
+REPORT_SEAM_MODULE = "ray.train.v2._internal.execution.train_fn_utils"
+REPORT_PARAMETERS = (
+    "self",
+    "metrics",
+    "checkpoint",
+    "checkpoint_dir_name",
+    "checkpoint_upload_mode",
+    "delete_local_checkpoint_after_upload",
+    "checkpoint_upload_fn",
+    "validation",
+)
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+# ray-ormas's name -> (Ray Train's constants module, the constant's name there)
+NCCL_HANG_ENV = {
+    HANG_DETECTOR_ENV: "ENABLE_NCCL_HANG_DETECTOR_ENV_VAR",
+    HANG_ACTION_ENV: "NCCL_RAS_ACTION_ENV_VAR",
+    HANG_CONFIRM_ENV: "NCCL_RAS_CONFIRM_DURATION_S_ENV_VAR",
+}
+TRAIN_CONSTANTS_MODULE = "ray.train.v2._internal.constants"
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
+
+
+def changed(piece: str, what: str) -> RaySeamChanged:
+    """The error for a changed piece of Ray: what ray-ormas uses it for, what changed, what to do."""
+    import ray
+
+    return RaySeamChanged(f"ray-ormas {piece}, and the installed Ray {ray.__version__} changed it ({what}). {ADVICE}")
+
+
+def report_seam() -> Any:
+    """Ray Train's `train_fn_utils` module, or `RaySeamChanged` saying what differs from Ray 2.60."""
+    piece = "routes a loop's own ray.train.report calls through Ray Train's TrainFnUtils"
+    try:
+        module = importlib.import_module(REPORT_SEAM_MODULE)
+    except ImportError as e:
+        raise changed(piece, f"{REPORT_SEAM_MODULE} cannot be imported: {e}") from None
+    for name in ("get_train_fn_utils", "set_train_fn_utils", "TrainFnUtils"):
+        if not hasattr(module, name):
+            raise changed(piece, f"{REPORT_SEAM_MODULE}.{name} is gone")
+    got = tuple(inspect.signature(module.TrainFnUtils.report).parameters)
+    if got != REPORT_PARAMETERS:
+        raise changed(piece, f"TrainFnUtils.report takes {got}, not {REPORT_PARAMETERS}")
+    return module
+
+
+def _ray_constant(module: str, name: str, piece: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise changed(piece, f"{module}.{name} is gone: {e}") from None
+
+
+@functools.cache
+def head_node_resource() -> str:
+    """The head node's custom resource, checked against Ray's own name for it."""
+    piece = "keeps the run ledger on the head node with the resource Ray Train pins its state actor with"
+    theirs = _ray_constant("ray._common.constants", "HEAD_NODE_RESOURCE_NAME", piece)
+    if theirs != HEAD_NODE_RESOURCE:
+        raise changed(piece, f"the head node's resource is {theirs!r}, not {HEAD_NODE_RESOURCE!r}")
+    return HEAD_NODE_RESOURCE
+
+
+@functools.cache
+def job_config_env() -> str:
+    """The variable Ray's job supervisor sets in a submitted job, checked against Ray's name for it."""
+    piece = "tells a `ray job submit` driver from a local one by the variable Ray's job supervisor sets"
+    theirs = _ray_constant("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR", piece)
+    if theirs != JOB_CONFIG_ENV:
+        raise changed(piece, f"the job supervisor sets {theirs!r}, not {JOB_CONFIG_ENV!r}")
+    return JOB_CONFIG_ENV
+
+
+@functools.cache
+def check_nccl_hang_env() -> None:
+    """The NCCL hang detector's variables, checked against Ray Train's names for them."""
+    piece = "switches on Ray Train's NCCL hang detector through the variables Ray Train reads on the driver"
+    for ours, constant in NCCL_HANG_ENV.items():
+        theirs = _ray_constant(TRAIN_CONSTANTS_MODULE, constant, piece)
+        if theirs != ours:
+            raise changed(piece, f"Ray Train reads {theirs!r}, not {ours!r}")
+
+
+def remote_error_line(text: str) -> str | None:
+    """The last `Type: message` line of a remote traceback in `text` (what an `ActorDiedError`
+    carries for an actor whose constructor raised); None when `text` holds no traceback. A
+    traceback without such a line means Ray's format changed: said once, and None."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or not any(line.startswith(("File ", "Traceback")) for line in lines):
+        return None
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    _say_format_changed()
+    return None
+
+
+@functools.cache
+def _say_format_changed() -> None:
+    logger.warning(
+        "a remote traceback from Ray ends without a `Type: message` line: Ray's error text changed, so failures "
+        "are shown whole. %s",
+        ADVICE,
+    )

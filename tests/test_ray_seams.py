@@ -1,0 +1,85 @@
+"""The seam with Ray (ray_ormas/_internal/seams/ray_train.py): each private piece ray-ormas relies
+on works with the installed Ray, and a Ray release that changes it (simulated here by changing
+Ray's own constant or class, as a release would) fails loudly, naming the piece and what changed.
+The report seam's own test, with the route it guards, is in test_adoption.py."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+
+from ray_ormas import RaySeamChanged
+from ray_ormas._internal.cli.failures import one_line
+from ray_ormas._internal.seams import ray_train
+
+
+@pytest.fixture(autouse=True)
+def fresh_checks():
+    """The checks are cached per process: each test sees them run."""
+    for check in (
+        ray_train.head_node_resource,
+        ray_train.job_config_env,
+        ray_train.check_nccl_hang_env,
+        ray_train._say_format_changed,
+    ):
+        check.cache_clear()
+    yield
+    for check in (
+        ray_train.head_node_resource,
+        ray_train.job_config_env,
+        ray_train.check_nccl_hang_env,
+        ray_train._say_format_changed,
+    ):
+        check.cache_clear()
+
+
+def test_each_piece_matches_the_installed_ray():
+    assert ray_train.report_seam().TrainFnUtils is not None
+    assert ray_train.head_node_resource() == "node:__internal_head__"
+    assert ray_train.job_config_env() == "RAY_JOB_CONFIG_JSON_ENV_VAR"
+    ray_train.check_nccl_hang_env()
+
+
+def test_a_renamed_head_node_resource_fails_loudly(monkeypatch):
+    constants = importlib.import_module("ray._common.constants")
+    monkeypatch.setattr(constants, "HEAD_NODE_RESOURCE_NAME", "node:__head__")
+    with pytest.raises(RaySeamChanged, match=r"keeps the run ledger on the head node.*'node:__head__'.*pip install"):
+        ray_train.head_node_resource()
+
+
+def test_a_renamed_job_variable_fails_loudly(monkeypatch):
+    constants = importlib.import_module("ray._private.runtime_env.constants")
+    monkeypatch.setattr(constants, "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_JOB_CONFIG")
+    with pytest.raises(RaySeamChanged, match=r"ray job submit.*sets 'RAY_JOB_CONFIG', not"):
+        ray_train.job_config_env()
+
+
+def test_a_gone_or_renamed_nccl_variable_fails_loudly(monkeypatch):
+    constants = importlib.import_module(ray_train.TRAIN_CONSTANTS_MODULE)
+    monkeypatch.setattr(constants, "NCCL_RAS_ACTION_ENV_VAR", "RAY_TRAIN_NCCL_HANG_ACTION")
+    with pytest.raises(RaySeamChanged, match=r"NCCL hang detector.*reads 'RAY_TRAIN_NCCL_HANG_ACTION'"):
+        ray_train.check_nccl_hang_env()
+    monkeypatch.delattr(constants, "NCCL_RAS_ACTION_ENV_VAR")
+    ray_train.check_nccl_hang_env.cache_clear()
+    with pytest.raises(RaySeamChanged, match=r"NCCL_RAS_ACTION_ENV_VAR is gone"):
+        ray_train.check_nccl_hang_env()
+
+
+def test_a_remote_traceback_gives_its_last_error_line_and_a_changed_format_is_said(caplog):
+    text = (
+        "The actor died because of an error raised in its creation task, ray::Boom.__init__()\n"
+        'Traceback (most recent call last):\n  File "boom.py", line 3, in __init__\n'
+        '    raise ValueError("no data at /data/x")\nValueError: no data at /data/x'
+    )
+    assert ray_train.remote_error_line(text) == "ValueError: no data at /data/x"
+    assert one_line(RuntimeError(text)) == "ValueError: no data at /data/x"
+    assert ray_train.remote_error_line("ValueError: one line") is None
+    changed = text.replace("ValueError: no data at /data/x", "(the error was: no data)")
+    with caplog.at_level(logging.WARNING, logger="ray_ormas.seams"):
+        assert ray_train.remote_error_line(changed) is None
+        assert ray_train.remote_error_line(changed) is None
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "Ray's error text changed" in said and "ray==2.60.0" in said
+    assert "(the error was: no data)" in one_line(RuntimeError(changed))
