@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from ray_ormas import RaySeamChanged
-from ray_ormas._internal.cli.failures import one_line
+from ray_ormas._internal.driver.failures import one_line
 from ray_ormas._internal.seams import ray_train
 
 

@@ -14,8 +14,8 @@ from ray.exceptions import RayTaskError
 from ray.train import ControllerError, RunConfig, ScalingConfig, WorkerGroupError
 
 from ray_ormas import RayOrmasTrainer
-from ray_ormas._internal.cli.failures import describe_failure
 from ray_ormas._internal.driver.capacity import check_capacity, per_worker
+from ray_ormas._internal.driver.failures import describe_failure
 from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.seams.ray_train import JOB_CONFIG_ENV as RAY_JOB_ENV
 

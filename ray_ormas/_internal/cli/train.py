@@ -26,12 +26,12 @@ import sys
 import time
 from typing import Any, Literal
 
-from ray_ormas._internal.cli.failures import describe_failure
 from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.job_config import ConfigError, JobConfig, load_config, load_target
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.driver.capacity import check_capacity, per_worker
+from ray_ormas._internal.driver.failures import describe_failure
 from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.record.store import RecordStorageError
 from ray_ormas._internal.tracking.values import shown

@@ -46,6 +46,7 @@ from pydantic import (
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.common.options import describe_errors
 from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
 from ray_ormas.errors import ConfigError
 
@@ -260,14 +261,14 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def describe(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: {error.error_count()} problem(s):"]
-    for e in error.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        message = e["msg"].removeprefix("Value error, ")
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            message = "unknown key (check the spelling; `ray-ormas train --help` lists the sections)"
-        lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
+    """A config's validation error: the file, then one line per problem naming its key path."""
+    problems = describe_errors(
+        error,
+        unknown="unknown key (check the spelling; `ray-ormas train --help` lists the sections)",
+        show_input=False,
+        top_level="(top level)",
+    )
+    return "\n".join([f"{source}: {error.error_count()} problem(s):", *(f"  {line}" for line in problems)])
 
 
 def schema_reference() -> str:

@@ -24,17 +24,30 @@ SETTINGS_CONFIG = ConfigDict(extra="forbid", strict=True, validate_default=True)
 T = TypeVar("T")
 
 
-def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
-    """One line per problem, `prefix` + the option's name first."""
+def describe_errors(
+    error: ValidationError,
+    prefix: str = "",
+    *,
+    unknown: str = "unknown option (check the spelling)",
+    show_input: bool = True,
+    top_level: str | None = None,
+) -> list[str]:
+    """One line per problem, `prefix` + the option's name first; `unknown` for a name the class
+    does not have; the value given after the message unless not `show_input`; a check across
+    options as its own message, or after `top_level` when given."""
     lines = []
     for e in error.errors():
         where = ".".join(str(p) for p in e["loc"])
         message = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if e["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-            message = "unknown option (check the spelling)"
-        got = "" if e["type"].startswith("value_error") or "input" not in e else f", got {e['input']!r}"
+            message = unknown
+        got = (
+            "" if not show_input or e["type"].startswith("value_error") or "input" not in e else f", got {e['input']!r}"
+        )
         if where:
             lines.append(f"{prefix}{where}: {message}{got}")
+        elif top_level is not None:
+            lines.append(f"{top_level}: {message}{got}")
         else:  # a check across options: the class's own message
             lines.append(f"{prefix.rstrip('.')}: {message}" if prefix else message)
     return lines

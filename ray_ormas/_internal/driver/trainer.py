@@ -54,6 +54,7 @@ from ray_ormas._internal.common.settings import (
     check_strategy,
 )
 from ray_ormas._internal.driver.capacity import check_capacity
+from ray_ormas._internal.driver.failures import every_wrapped
 from ray_ormas._internal.driver.paths import resolve_location
 from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
 from ray_ormas._internal.head.ledger import RunLedger
@@ -504,17 +505,8 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 def _hang_error(error: BaseException) -> str | None:
     """'NCCLHangError: ...' when Ray's NCCL hang detector ended the fit, else None."""
-    seen: set[int] = set()
-    todo: list[Any] = [error]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if type(e).__name__ == HANG_ERROR:
-            return f"{type(e).__name__}: {e}"[:2000]
-        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None)]
-    return None
+    hang = next((e for e in every_wrapped(error) if type(e).__name__ == HANG_ERROR), None)
+    return None if hang is None else f"{type(hang).__name__}: {hang}"[:2000]
 
 
 def _sweep_staging(ledger: Any, store: RecordStore) -> None:

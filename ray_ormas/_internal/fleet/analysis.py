@@ -55,8 +55,6 @@ class CheckOutcome:
     ranks: list[dict[str, Any]]
     alarms: list[dict[str, Any]]
     loss_mean: float | None
-    loss_rank0: float | None
-    min_score: float | None
 
 
 @dataclass
@@ -123,7 +121,6 @@ class FleetAnalyzer:
             alarms += self._divergence(attempt, facts, where)
         alarms += self._nonfinite_alarm(facts, where)
         losses = [r["loss"] for r in rows if isinstance(r["loss"], float) and _finite(r["loss"])]
-        scores = [r["relative_score"] for r in rows if r["relative_score"] is not None]
         return CheckOutcome(
             attempt=attempt,
             check=check,
@@ -132,8 +129,6 @@ class FleetAnalyzer:
             ranks=rows,
             alarms=alarms,
             loss_mean=statistics.fmean(losses) if losses else None,
-            loss_rank0=rows[0]["loss"] if rows and rows[0]["rank"] == 0 else None,
-            min_score=min(scores) if scores else None,
         )
 
     def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:

@@ -136,9 +136,7 @@ class TrackingWriter:
             if self._closed:
                 return  # the final sync takes it from the record
             self._raw.append((prefix, offset, kind, payload, int(time.time() * 1000)))
-            while len(self._raw) > self._spec.settings.max_pending:
-                self._raw.popleft()
-                self._dropped += 1
+            self._trim(self._raw)
         if kind == "metrics":  # the first check: training has started
             self._training.set()
 
@@ -218,8 +216,13 @@ class TrackingWriter:
     def _add(self, entries: list[Entry]) -> None:
         now = int(time.time() * 1000)
         self._outbox.extend((e, now) for e in entries)
-        while len(self._outbox) > self._spec.settings.max_pending:
-            self._outbox.popleft()
+        self._trim(self._outbox)
+
+    def _trim(self, queue: deque[Any]) -> None:
+        """Hold at most `max_pending` in `queue`: the oldest go (counted; the record has them).
+        Called under `_lock`."""
+        while len(queue) > self._spec.settings.max_pending:
+            queue.popleft()
             self._dropped += 1
 
     def _run(self) -> None:
@@ -306,9 +309,7 @@ class TrackingWriter:
             entries = naming.entries(kind, {**payload, "step": int(payload.get("step") or 0) + offset})
             with self._lock:
                 self._outbox.extend((e, stamp) for e in entries)
-                while len(self._outbox) > self._spec.settings.max_pending:
-                    self._outbox.popleft()
-                    self._dropped += 1
+                self._trim(self._outbox)
 
     def _mlflow(self) -> Any:
         """The client, with the run open (created once, its id in the journal)."""

@@ -41,7 +41,6 @@ class IncrementalUpload:
         self._sent: dict[str, int] = {}  # .jsonl file -> bytes already in parts
         self._small: dict[str, tuple[int, int]] = {}  # other file -> (size, mtime_ns) sent
         self._folders: set[str] = set()  # folders made in the store
-        self.bytes_sent = 0
 
     def push(self) -> int:
         """Send what is new since the last successful push; return the bytes sent. Raises on a
@@ -64,7 +63,6 @@ class IncrementalUpload:
                 self.store.write_bytes(posixpath.join(self._folder(self.remote), path.name), data)
                 self._delete_parts(path.name)
                 self._sent[path.name] = len(data)
-                self.bytes_sent += len(data)
                 sent += len(data)
             else:
                 sent += self._push_small(path)
@@ -84,7 +82,6 @@ class IncrementalUpload:
         parts = self._folder(posixpath.join(self.remote, parts_folder(path.name)))
         self.store.write_bytes(posixpath.join(parts, part_name(start)), complete)
         self._sent[path.name] = start + len(complete)
-        self.bytes_sent += len(complete)
         return len(complete)
 
     def _push_small(self, path: Path) -> int:
@@ -95,7 +92,6 @@ class IncrementalUpload:
         data = path.read_bytes()
         self.store.write_bytes(posixpath.join(self._folder(self.remote), path.name), data)
         self._small[path.name] = key
-        self.bytes_sent += len(data)
         return len(data)
 
     def _folder(self, path: str) -> str:

@@ -15,7 +15,7 @@ upstream change that would let it go.
 * `NCCL_HANG_ENV`: the variables Ray Train reads on the driver to build its NCCL hang detector
   (common/fleet_settings.py sets them). Checked against Ray Train's constants.
 * `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
-  `ActorDiedError` (or `RayTaskError`) carries as text (cli/failures.py). When a traceback ends
+  `ActorDiedError` (or `RayTaskError`) carries as text (driver/failures.py). When a traceback ends
   without one, Ray's format changed: said once, and the whole text is used.
 
 The checks import Ray's private modules only inside them, so importing this module costs
@@ -92,24 +92,34 @@ def _ray_constant(module: str, name: str, piece: str) -> Any:
         raise changed(piece, f"{module}.{name} is gone: {e}") from None
 
 
+def _same_as_rays(ours: str, module: str, name: str, piece: str, what: str) -> str:
+    """`ours`, checked to be the value of Ray's own constant `module.name`."""
+    theirs = _ray_constant(module, name, piece)
+    if theirs != ours:
+        raise changed(piece, f"{what} {theirs!r}, not {ours!r}")
+    return ours
+
+
 @functools.cache
 def head_node_resource() -> str:
     """The head node's custom resource, checked against Ray's own name for it."""
     piece = "keeps the run ledger on the head node with the resource Ray Train pins its state actor with"
-    theirs = _ray_constant("ray._common.constants", "HEAD_NODE_RESOURCE_NAME", piece)
-    if theirs != HEAD_NODE_RESOURCE:
-        raise changed(piece, f"the head node's resource is {theirs!r}, not {HEAD_NODE_RESOURCE!r}")
-    return HEAD_NODE_RESOURCE
+    return _same_as_rays(
+        HEAD_NODE_RESOURCE, "ray._common.constants", "HEAD_NODE_RESOURCE_NAME", piece, "the head node's resource is"
+    )
 
 
 @functools.cache
 def job_config_env() -> str:
     """The variable Ray's job supervisor sets in a submitted job, checked against Ray's name for it."""
     piece = "tells a `ray job submit` driver from a local one by the variable Ray's job supervisor sets"
-    theirs = _ray_constant("ray._private.runtime_env.constants", "RAY_JOB_CONFIG_JSON_ENV_VAR", piece)
-    if theirs != JOB_CONFIG_ENV:
-        raise changed(piece, f"the job supervisor sets {theirs!r}, not {JOB_CONFIG_ENV!r}")
-    return JOB_CONFIG_ENV
+    return _same_as_rays(
+        JOB_CONFIG_ENV,
+        "ray._private.runtime_env.constants",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        piece,
+        "the job supervisor sets",
+    )
 
 
 @functools.cache
@@ -117,9 +127,7 @@ def check_nccl_hang_env() -> None:
     """The NCCL hang detector's variables, checked against Ray Train's names for them."""
     piece = "switches on Ray Train's NCCL hang detector through the variables Ray Train reads on the driver"
     for ours, constant in NCCL_HANG_ENV.items():
-        theirs = _ray_constant(TRAIN_CONSTANTS_MODULE, constant, piece)
-        if theirs != ours:
-            raise changed(piece, f"Ray Train reads {theirs!r}, not {ours!r}")
+        _same_as_rays(ours, TRAIN_CONSTANTS_MODULE, constant, piece, "Ray Train reads")
 
 
 def remote_error_line(text: str) -> str | None:

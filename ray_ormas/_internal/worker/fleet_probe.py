@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, read_per_device
+from ray_ormas._internal.worker.reporting import loss_value
 
 GROUPS = 64  # the parameter list is cut into at most this many digest groups
 NONFINITE_LAYERS_SHOWN = 8
@@ -144,7 +145,7 @@ class RankProbe:
         if self._events:  # the monitor's check has synchronized the device
             forward = sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
         digest, groups, bad_layers = self._readings()
-        loss_value = _loss_value(loss)
+        loss_now = loss_value(loss)
         facts = {
             "rank": self._rank,
             "node": self._node,
@@ -154,8 +155,8 @@ class RankProbe:
             "forward_s": forward if self._forwards else None,
             "wall_s": wall,
             "forwards": self._forwards,
-            "loss": loss_value,
-            "nonfinite_loss": loss_value is not None and not math.isfinite(loss_value),
+            "loss": loss_now,
+            "nonfinite_loss": loss_now is not None and not math.isfinite(loss_now),
             "nonfinite_layers": bad_layers,
             "digest": digest,
             "groups": groups,
@@ -199,11 +200,3 @@ def _group_bounds(n: int) -> list[tuple[int, int]]:
         return []
     size = -(-n // GROUPS)
     return [(a, min(a + size, n)) for a in range(0, n, size)]
-
-
-def _loss_value(loss: torch.Tensor | float | None) -> float | None:
-    if isinstance(loss, torch.Tensor):
-        if loss.numel() == 0:
-            return None
-        return float(loss.detach().float().mean())
-    return None if loss is None else float(loss)

@@ -120,17 +120,20 @@ def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> 
     return out
 
 
+def loss_value(loss: torch.Tensor | float | None) -> float | None:
+    """A loss as a float (a tensor's mean, read to the host): what every rank reports and what its
+    fleet facts carry; None for no loss or an empty tensor."""
+    if isinstance(loss, torch.Tensor):
+        return float(loss.detach().float().mean()) if loss.numel() else None
+    return None if loss is None else float(loss)
+
+
 def rank_facts(
     prefix: str, rank: int, last_loss: torch.Tensor | float | None, model: nn.Module, steps: int
 ) -> dict[str, Any]:
     """Facts every rank reports: rank, its own last loss, its steps, and its parameter digest."""
-    loss = None
-    if isinstance(last_loss, torch.Tensor):
-        loss = float(last_loss.detach().float().mean()) if last_loss.numel() else None
-    elif last_loss is not None:
-        loss = float(last_loss)
     return {
-        prefix + keys.RANK_LOSS: loss,
+        prefix + keys.RANK_LOSS: loss_value(last_loss),
         prefix + keys.RANK_STEPS: steps,
         prefix + keys.PARAM_DIGEST: parameter_digest(model),
     }

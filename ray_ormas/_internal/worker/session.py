@@ -1,16 +1,5 @@
 """The per-worker session of one attempt of one `fit()`: the plan, the monitors, the reports.
-
-    def train_loop(config):
-        model = ray_ormas.prepare_model(Net())        # DDP or FSDP, per the trainer's strategy
-        opt = torch.optim.AdamW(model.parameters())
-        mon = ray_ormas.monitor(model, opt)           # the same Monitor on every rank
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            mon.step(loss)                            # after backward, before optimizer.step()
-            opt.step()
-        # no close(): ray-ormas closes the monitor when the loop returns or raises
+The loop's calls (worker/api.py) act on it; worker/loop.py opens it and ends it.
 
 Hooks relied on:
 

@@ -15,6 +15,8 @@ seams/ray_train.py's `remote_error_line`.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from ray_ormas._internal.seams.ray_train import remote_error_line
 
 MAX_MESSAGE = 600
@@ -56,18 +58,35 @@ def one_line(error: BaseException) -> str:
     return _cut(f"{name}: {message}" if message else name)
 
 
+def wrapped(error: BaseException, *, context: bool = True) -> list[BaseException]:
+    """The exceptions `error` wraps, the most telling first: Ray Train's `controller_failure`, a
+    `RayTaskError`'s `cause`, `__cause__`, and (with `context`) `__context__`."""
+    links = [getattr(error, "controller_failure", None), getattr(error, "cause", None), error.__cause__]
+    if context:
+        links.append(error.__context__)
+    return [e for e in links if isinstance(e, BaseException)]
+
+
+def every_wrapped(error: BaseException) -> Iterator[BaseException]:
+    """`error` and every exception it wraps, however deep, each once."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            todo += wrapped(e)
+
+
 def _innermost(error: BaseException) -> BaseException:
     seen: set[int] = set()
     while id(error) not in seen:
         seen.add(id(error))
-        inner = getattr(error, "controller_failure", None)
-        if not isinstance(inner, BaseException):
-            inner = getattr(error, "cause", None)
-        if not isinstance(inner, BaseException):
-            inner = error.__cause__
-        if inner is None:
+        inner = wrapped(error, context=False)
+        if not inner:
             break
-        error = inner
+        error = inner[0]
     return error
 
 
