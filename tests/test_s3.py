@@ -209,7 +209,12 @@ def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_s
     assert folder.is_dir() and verify_run(folder).ok  # the whole record, closed, on the node
     # What the message says to do, once storage is back: copy its files there.
     records = open_records(f"{storage}/late")
-    records.store.upload(folder, segment.path)
+    pafs.copy_files(
+        str(folder),
+        segment.path,
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=records.store.filesystem,
+    )
     assert open_records(f"{storage}/late").segments()[0].complete
     # The fleet record (on the head node) is kept the same way; both are removed here.
     left = set(temporary_folders()) - set(before)

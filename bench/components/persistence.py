@@ -14,7 +14,7 @@ record's size and the median and max upload time.
 `--long STEPS` simulates a run of STEPS optimizer steps at check_every=10 on the S3 API server
 the tests use (moto on 127.0.0.1, tests/s3_server.py): the record grows with lines copied from a
 real 1000-step record, and at every `--checkpoint-every` steps storage is brought up to date both
-ways, the old (copy the whole segment, `RecordStore.upload`) and the new (send what is new,
+ways, the old (copy the whole segment, `pyarrow.fs.copy_files`) and the new (send what is new,
 `IncrementalUpload.push`, uploads.py). Prints the bytes each sends per checkpoint as the record
 grows, and the totals.
 """
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import fsspec
+import pyarrow.fs as pafs
 import torch
 import torch.nn.functional as F
 from ormas_monitor import Monitor
@@ -98,7 +99,12 @@ def long_run(steps: int, checkpoint_every: int) -> None:
                         f.write(template_lines[(k * per_checkpoint[name] + i) % len(template_lines)])
             size = sum(f.stat().st_size for f in local.iterdir())
             t = time.perf_counter()
-            old.upload(local, f"{old.root}/model/segment-000")
+            pafs.copy_files(
+                str(local),
+                f"{old.root}/model/segment-000",
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=old.filesystem,
+            )
             whole_ms = (time.perf_counter() - t) * 1000
             t = time.perf_counter()
             sent = incremental.push()
@@ -148,7 +154,9 @@ def main() -> None:
             times = []
             for _ in range(a.uploads):
                 t = time.perf_counter()
-                store.upload(local, path)
+                pafs.copy_files(
+                    str(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=store.filesystem
+                )
                 times.append((time.perf_counter() - t) * 1000)
             diary_kib = (local / "diary.jsonl").stat().st_size / 1024
             metrics_kib = (local / "metrics.jsonl").stat().st_size / 1024

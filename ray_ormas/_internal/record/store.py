@@ -202,14 +202,6 @@ class RecordStore:
         return path, local
 
     # ------------------------------------------------------------------ files
-    def upload(self, local_dir: Path, path: str) -> None:
-        """Copy every file of `local_dir` to `path` (a no-op when the store is where they are)."""
-        if self.is_local and os.path.realpath(local_dir) == os.path.realpath(path):
-            return
-        pafs.copy_files(
-            str(local_dir), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.filesystem
-        )
-
     def download(self, path: str, local_dir: Path) -> Path:
         """Copy the folder `path` of this store into `local_dir`; return `local_dir`. A file sent
         in parts (record/uploads.py) arrives whole."""
