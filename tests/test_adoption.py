@@ -393,8 +393,8 @@ print("without auto_monitor: built; ray initialized:", ray.is_initialized())
 def test_which_frameworks_a_loop_uses_is_read_from_its_code_and_module():
     from ray_ormas._internal.worker.adoption import frameworks_of
 
-    from .test_adoption_lightning import lightning_train_func
-    from .test_adoption_transformers import transformers_train_func
+    from .lightning_quickstart import lightning_train_func
+    from .transformers_quickstart import transformers_train_func
 
     assert frameworks_of(lightning_train_func) == ("lightning",)
     assert frameworks_of(transformers_train_func) == ("transformers",)

@@ -4,72 +4,27 @@ from __future__ import annotations
 
 import math
 
-import lightning.pytorch as pl
 import pytest
-import ray.train.lightning
-import torch
 from ray.train import RunConfig, ScalingConfig
-from torch.utils.data import DataLoader
 
 from ray_ormas import RayOrmasTrainer
 
-from .test_adoption import check_one_record_one_run_and_the_fleet, diary, digits_dataset, events, lesioned_cnn
+from .test_adoption import check_one_record_one_run_and_the_fleet, diary, digits_dataset, events
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-# Ray Train's Lightning quickstart ("Get Started with Distributed Training using PyTorch
-# Lightning"), unchanged but for the model and the data.
+def quickstart_loop():
+    """Ray's quickstart loop, imported only when a test runs it (Lightning takes seconds to import)."""
+    from .lightning_quickstart import lightning_train_func
 
-
-class ImageClassifier(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.model = lesioned_cnn()
-        self.criterion = torch.nn.CrossEntropyLoss()
-
-    def forward(self, x):
-        return self.model(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        outputs = self.forward(x)
-        loss = self.criterion(outputs, y)
-        self.log("loss", loss, on_step=True, prog_bar=True)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.model.parameters(), lr=0.001)
-
-
-def lightning_train_func():
-    # Data
-    train_data = digits_dataset()
-    train_dataloader = DataLoader(train_data, batch_size=64, shuffle=True)
-
-    # Training
-    model = ImageClassifier()
-    # [1] Configure PyTorch Lightning Trainer.
-    trainer = pl.Trainer(
-        max_epochs=2,
-        devices="auto",
-        accelerator="auto",
-        strategy=ray.train.lightning.RayDDPStrategy(),
-        plugins=[ray.train.lightning.RayLightningEnvironment()],
-        callbacks=[ray.train.lightning.RayTrainReportCallback()],
-        # [1a] Optionally, disable the default checkpointing behavior
-        # in favor of the `RayTrainReportCallback` above.
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-    )
-    trainer = ray.train.lightning.prepare_trainer(trainer)
-    trainer.fit(model, train_dataloaders=train_dataloader)
+    return lightning_train_func
 
 
 @pytest.mark.timeout(300)
 def test_a_lightning_module_on_ray_gets_ormas_monitors_own_callback_on_every_rank(storage):
     trainer = RayOrmasTrainer(
-        lightning_train_func,
+        quickstart_loop(),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(name="lightning", storage_path=str(storage)),
         repair=True,

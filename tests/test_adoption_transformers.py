@@ -4,83 +4,27 @@ unchanged (transformers.py)."""
 from __future__ import annotations
 
 import pytest
-import ray.train.huggingface.transformers
-import torch
-import transformers
 from ray.train import RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer
-from ray_ormas.demo import load_digits
 
 from .test_adoption import check_one_record_one_run_and_the_fleet
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-# Ray Train's Hugging Face Transformers quickstart ("Get Started with Distributed Training using
-# Hugging Face Transformers"), unchanged but for the model (a tiny BERT built from a config) and
-# the data (token ids made from the digits' pixel levels).
+def quickstart_loop():
+    """Ray's quickstart loop, imported only when a test runs it (Transformers takes seconds to import)."""
+    from .transformers_quickstart import transformers_train_func
 
-
-class DigitsAsTokens(torch.utils.data.Dataset):
-    def __init__(self):
-        x, y, _, _ = load_digits(0)
-        self.ids = (x.flatten(1) * 7).round().long().clamp(0, 15) + 1  # 64 tokens of 16 levels
-        self.y = y
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.y[i]}
-
-
-def transformers_train_func():
-    # Datasets
-    small_train_dataset = DigitsAsTokens()
-    # Model
-    config = transformers.BertConfig(
-        vocab_size=32,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=10,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForSequenceClassification.from_config(config)
-    # Hugging Face Trainer
-    training_args = transformers.TrainingArguments(
-        output_dir="test_trainer",
-        save_strategy="epoch",
-        report_to="none",
-        num_train_epochs=2,
-        per_device_train_batch_size=64,
-        learning_rate=1e-3,
-        use_cpu=True,
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
-    trainer = transformers.Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=small_train_dataset,
-    )
-    # [2] Report Metrics and Checkpoints to Ray Train
-    callback = ray.train.huggingface.transformers.RayTrainReportCallback()
-    trainer.add_callback(callback)
-    # [3] Prepare Transformers Trainer
-    trainer = ray.train.huggingface.transformers.prepare_trainer(trainer)
-    # Start Training
-    trainer.train()
+    return transformers_train_func
 
 
 @pytest.mark.timeout(300)
 def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every_rank(storage, monkeypatch):
     monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
     trainer = RayOrmasTrainer(
-        transformers_train_func,
+        quickstart_loop(),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(name="transformers", storage_path=str(storage)),
         check_every=2,
