@@ -103,6 +103,7 @@ def train_func():
             print(metrics)
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(300)
 def test_rays_quickstart_loop_unchanged_is_certified_and_repaired_identically_on_both_ranks(storage):
     # [4] Configure scaling and resource requirements.

@@ -1,4 +1,4 @@
-"""The seam with ormas-monitor (ray_ormas/compat.py): each piece works with the installed
+"""The seam with ormas-monitor (ray_ormas/_internal/seams/ormas.py): each piece works with the installed
 ormas-monitor and fails loudly, saying what to do, against one that behaves differently. The
 "different" ormas-monitors are subclasses of the real classes with one thing changed, the way a
 release would change it. No Ray."""
@@ -50,7 +50,9 @@ def small_monitor(tmp_path: Path, cls: type = Monitor, steps: int = 4) -> Monito
 
 # ------------------------------------------------------------------ no private imports, a tight pin
 def test_the_package_imports_no_private_ormas_monitor_module_and_sets_no_private_attribute():
-    for path in sorted((ROOT / "ray_ormas").glob("*.py")):
+    seam = ROOT / "ray_ormas" / "_internal" / "seams" / "ormas.py"
+    assert seam.is_file()
+    for path in sorted((ROOT / "ray_ormas").rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ormas_monitor"):
@@ -60,7 +62,7 @@ def test_the_package_imports_no_private_ormas_monitor_module_and_sets_no_private
                 for alias in node.names:
                     if alias.name.startswith("ormas_monitor"):
                         assert not any(p.startswith("_") for p in alias.name.split(".")), f"{path.name}:{node.lineno}"
-            if isinstance(node, ast.Assign) and path.name != "compat.py":
+            if isinstance(node, ast.Assign) and path != seam:
                 for target in node.targets:
                     if (
                         isinstance(target, ast.Attribute)
@@ -69,9 +71,9 @@ def test_the_package_imports_no_private_ormas_monitor_module_and_sets_no_private
                         and target.value.attr in ("monitor", "_sink")
                     ):
                         raise AssertionError(f"{path.name}:{node.lineno} sets {target.attr} on an ormas object")
-    # Only compat.py reads ormas-monitor's private attributes.
-    for path in sorted((ROOT / "ray_ormas").glob("*.py")):
-        if path.name != "compat.py":
+    # Only the seam reads ormas-monitor's private attributes.
+    for path in sorted((ROOT / "ray_ormas").rglob("*.py")):
+        if path != seam:
             assert not re.search(r"monitor\._[a-z]", path.read_text()), path.name
 
 

@@ -110,6 +110,7 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     }
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(300)
 def test_repair_is_identical_on_every_rank_and_watch_only_leaves_layers_dead(storage):
     repaired = trainer(
@@ -141,6 +142,7 @@ def test_repair_is_identical_on_every_rank_and_watch_only_leaves_layers_dead(sto
     assert w.final["ormas/stuck_channels"] == 32 + 64 and w.final["ormas/channels_repaired"] == 0
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(240)
 def test_the_loops_exception_reaches_fit_unchanged_and_the_record_keeps_it(storage):
     t = trainer(storage, "boom", check_every=2, train_loop_config={"steps": 20, "raise_at": 7})

@@ -126,6 +126,7 @@ def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(storage)
     assert alarm["layer"] == "conv2.0"  # the first layer that differs
 
 
+@pytest.mark.smoke
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
 def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(storage):

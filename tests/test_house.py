@@ -6,6 +6,7 @@ worker's imports load, the public surface and its errors.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,33 @@ def test_the_public_names_resolve_and_are_all_listed():
         assert getattr(ray_ormas, name) is not None, name
     with pytest.raises(AttributeError):
         ray_ormas.worker_session  # noqa: B018
+
+
+def collected(expression: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.system  # three pytest sessions of its own
+@pytest.mark.timeout(900)
+def test_the_tiers_in_contributing_select_what_it_says():
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    fast_smoke, fast, no_system = re.findall(r'python -m pytest -m "([^"]+)"', text)
+    assert (fast_smoke, fast, no_system) == ("smoke or not ray and not system", "not ray and not system", "not system")
+    tiers = {name: collected(expr) for name, expr in [("fast", fast), ("smoke", fast_smoke), ("no_system", no_system)]}
+    everything = collected("smoke or not smoke")
+    assert tiers["fast"] < tiers["smoke"] < tiers["no_system"] < everything
+    assert any(t.startswith("tests/test_house.py::test_the_import_contracts_are_kept") for t in tiers["fast"])
+    assert not any(
+        t.startswith(("tests/test_ddp_training.py", "tests/test_doc_commands.py::test_the_")) for t in tiers["fast"]
+    )
+    smoke = tiers["smoke"] - tiers["fast"]
+    assert 2 <= len(smoke) <= 6, smoke  # one representative fit of each kind
+    assert not any(t.startswith(("tests/test_doc_commands.py", "tests/test_job_submit.py")) for t in tiers["no_system"])

@@ -1,4 +1,4 @@
-"""MLflow settings and the pieces both the head-node writer and `ray-ormas mlflow-sync` use.
+"""The MLflow pieces both the head-node writer and `ray-ormas mlflow-sync` use.
 
 Every `fit()` is exactly one MLflow run. Only the head node talks to MLflow: the run's writer
 (`head/mlflow_writer.py`, a thread in the run ledger actor on the head node) creates the run, logs
