@@ -602,7 +602,7 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
     elif how == "run":
         ran = run_here(clone, command)
         assert ran.code == 0, ran.out[-3000:]
-        if command.text == "python -m ray_ormas.job_config":
+        if command.text == "python -m ray_ormas._internal.common.job_config":
             assert ran.out.strip() in (ROOT / "docs" / "cli.md").read_text()
         if command.program == "grep":
             assert ran.out.strip(), "grep found nothing"

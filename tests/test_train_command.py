@@ -259,7 +259,7 @@ def test_every_example_config_is_valid():
 
 def test_docs_cli_md_holds_the_generated_config_reference():
     assert schema_reference() in (ROOT / "docs" / "cli.md").read_text(), (
-        "docs/cli.md is out of date: paste ray_ormas.job_config.schema_reference() into it"
+        "docs/cli.md is out of date: paste the output of python -m ray_ormas._internal.common.job_config into it"
     )
 
 

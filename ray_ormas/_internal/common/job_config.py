@@ -345,5 +345,5 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-if __name__ == "__main__":  # python -m ray_ormas.job_config > the reference part of docs/cli.md
+if __name__ == "__main__":  # python -m ray_ormas._internal.common.job_config > the reference part of docs/cli.md
     print(schema_reference(), end="")
