@@ -63,6 +63,15 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def clone(tmp_path_factory):
+    """A fresh clone with the README's demo command run in it (tests/fresh_clone.py): once per
+    session, for the docs' commands and the demo's own test."""
+    from .fresh_clone import make_clone
+
+    return make_clone(tmp_path_factory)
+
+
 @pytest.fixture
 def storage(tmp_path: Path) -> Path:
     path = tmp_path / "runs"

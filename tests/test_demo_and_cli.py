@@ -1,33 +1,43 @@
-"""The README's demo, run for real on the session's Ray cluster, and the command line."""
+"""The README's demo, run for real on a fresh clone exactly as the README says, and the command line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from ormas_monitor.record import verify_run
 
-from ray_ormas import demo
+ARM_ROW = re.compile(r"^(healthy|watch|repair)\s+([\d.]+)%\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", re.M)
+REPORT_ROW = re.compile(r"^  (healthy|watch|repair)\s+(\S+report\.html)$", re.M)
 
 
-@pytest.mark.timeout(420)
-def test_demo_dead_run_sits_near_chance_and_repair_comes_back(ray_cluster, tmp_path, capsys):
-    results = {r.arm: r for r in demo.run(out=tmp_path / "demo")}
-    healthy, watch, repair = results["healthy"], results["watch"], results["repair"]
-    assert healthy.accuracy > 90
-    assert watch.accuracy < 25  # 10 classes: chance is ~10%
-    assert repair.accuracy > healthy.accuracy - 5
-    assert (watch.channels_repaired, repair.channels_repaired) == (0, 32 + 64)
-    assert watch.certificates == repair.certificates == 2 and healthy.certificates == 0
-    assert watch.stuck_channels == 32 + 64 and repair.stuck_channels == 0
-    for r in results.values():
-        assert r.report.is_file() and verify_run(r.report.parent).ok
-    table = capsys.readouterr().out
-    assert "test acc" in table and str(repair.report) in table
+@pytest.mark.timeout(1800)
+def test_demo_dead_run_sits_near_chance_and_repair_comes_back(clone):
+    """The README's demo command, run once per session on a fresh clone (tests/fresh_clone.py):
+    what it prints, the records it names, and its MLflow store."""
+    out = clone.demo.out
+    assert clone.demo.code == 0, out[-4000:]
+    rows = {m[0]: m[1:] for m in ARM_ROW.findall(out)}
+    assert sorted(rows) == ["healthy", "repair", "watch"], out[-3000:]
+    acc = {arm: float(r[0]) for arm, r in rows.items()}
+    repaired, certificates, _, stuck = ({arm: int(r[i]) for arm, r in rows.items()} for i in (1, 2, 3, 4))
+    assert acc["healthy"] > 90
+    assert acc["watch"] < 25  # 10 classes: chance is ~10%
+    assert acc["repair"] > acc["healthy"] - 5
+    assert (repaired["watch"], repaired["repair"]) == (0, 32 + 64)
+    assert certificates["watch"] == certificates["repair"] == 2 and certificates["healthy"] == 0
+    assert stuck["watch"] == 32 + 64 and stuck["repair"] == 0
+    reports = dict(REPORT_ROW.findall(out))
+    assert sorted(reports) == ["healthy", "repair", "watch"]
+    for report in reports.values():
+        path = clone.root / report if not report.startswith("/") else Path(report)
+        assert path.is_file() and verify_run(path.parent).ok, path
     # One MLflow store and experiment for the three arms, and the command that opens it.
-    store = tmp_path / "demo" / "mlflow.db"
-    assert f"mlflow ui --backend-store-uri sqlite:///{store}" in table
+    store = clone.root / "ray_ormas_demo" / "mlflow.db"
+    assert "mlflow ui --backend-store-uri sqlite:///ray_ormas_demo/mlflow.db" in out
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{store}")
