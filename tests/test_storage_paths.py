@@ -119,6 +119,7 @@ def test_capacity_per_node_and_in_total(ray_cluster):
     assert per_worker(ScalingConfig(num_workers=1, resources_per_worker={"CPU": 2, "GPU": 0})) == {"CPU": 2.0}
 
 
+@pytest.mark.system  # the command starts a Ray cluster of its own
 @pytest.mark.timeout(180)
 def test_the_cli_refuses_workers_a_cluster_it_started_cannot_place(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
