@@ -89,7 +89,7 @@ def run_once(key: str, make: Callable[[], Ran]) -> Ran:
 def shortened(text: str) -> str:
     text = (
         re.sub(r"(ray-ormas train (?:(?!--dry-run)[^\n])*?)$", lambda m: m.group(1) + SHORT_TRAIN, text, flags=re.M)
-        if "--dry-run" not in text
+        if "--dry-run" not in text and SHORT_TRAIN not in text  # a command already one epoch long stays as it is
         else text
     )
     if "bench/overhead.py" in text:
