@@ -2,10 +2,11 @@
 
 Every message of the package goes through a `ray_ormas.<part>` logger, taken with `get_logger`,
 which starts each message with "[ray-ormas] " (and "rank N: " when the call says `rank=N`): the
-prefixes come from here, not from each message. Like
-Python's own last-resort handler, but from INFO up, the handler installed on the `ray_ormas`
-logger shows a record only when the process has configured no logging of its own (no handler on
-the root logger). So a user who never touches `logging` sees the lines on the driver, in the
+prefixes come from here, not from each message.
+
+Like Python's own last-resort handler, but from INFO up, the handler installed on the
+`ray_ormas` logger shows a record only when the process has configured no logging of its own (no
+handler on the root logger). So a user who never touches `logging` sees the lines on the driver, in the
 workers' logs (which Ray forwards to the driver) and from the run ledger on the head node; a user
 who configures logging (or pytest's `caplog`) gets the records through that configuration, once.
 
