@@ -502,8 +502,9 @@ def run_table(args: argparse.Namespace) -> None:
         print()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line's options (tests/test_doc_commands.py reads what a documented command sets)."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=400)
@@ -536,7 +537,11 @@ def main() -> None:
         default="on",
         help="fleet health in the paired and scaling runs (on: the default with more than one worker)",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.in_process:
         run_in_process(args)
         return
