@@ -8,10 +8,12 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
   that `.venv/bin` first on PATH, a fresh HOME, and none of this test session's variables
   (no PYTHONPATH, no RAY_*, no MLFLOW_*).
 * A command that runs here runs as written, in a fresh copy of the clone's files, through bash.
-  Two are shortened, only through options the docs show: `ray-ormas train` gets
+  Three are shortened, only through options the docs show: `ray-ormas train` gets
   `--set train.epochs=1` (docs/cli.md), `bench/overhead.py` gets `--models mlp --repeats 1
-  --steps 30 --world-sizes 1 2` (docs/performance.md). Each check is the line or file the docs
-  promise: the record a training names verifies, a dry run says the config is valid, ...
+  --steps 30 --world-sizes 1 2` and `bench/components/persistence.py` gets `--steps 200
+  --uploads 5` (docs/performance.md); a benchmark command runs once per set of options its parser
+  makes of it. Each check is the line or file the docs promise: the record a training names
+  verifies, a dry run says the config is valid, ...
 * A command the text marks as needing what this machine lacks runs the closest thing that does
   (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script, or one
   that needs the test extras, gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
@@ -62,6 +64,7 @@ K8S_VARIANTS = [
 ]
 SHORT_TRAIN = " --set train.epochs=1"
 SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 1 2"
+SHORT_PERSISTENCE = " --steps 200 --uploads 5"
 
 
 # ---------------------------------------------------------------------------- processes
@@ -94,6 +97,8 @@ def shortened(text: str) -> str:
     )
     if "bench/overhead.py" in text:
         text += SHORT_BENCH
+    if text == "python bench/components/persistence.py":
+        text += SHORT_PERSISTENCE
     return text
 
 
