@@ -114,31 +114,45 @@ def test_the_public_names_resolve_and_are_all_listed():
         ray_ormas.worker_session  # noqa: B018
 
 
-def collected(expression: str) -> set[str]:
+def markers_of_every_test() -> dict[str, set[str]]:
+    """Every test of the suite and its markers, from one collection (tests/marker_dump.py)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", expression],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "tests.marker_dump"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    lines = [line.split(" ", 2) for line in done.stdout.splitlines() if line.startswith("markers: ")]
+    return {parts[1]: set(filter(None, (parts[2] if len(parts) > 2 else "").split(","))) for parts in lines}
 
 
-@pytest.mark.system  # three pytest sessions of its own
-@pytest.mark.timeout(900)
+def selected(expression: str, tests: dict[str, set[str]]) -> set[str]:
+    """The tests `pytest -m expression` runs (a marker expression is a Python boolean expression)."""
+    names = {word for word in expression.replace("(", " ").replace(")", " ").split()} - {"and", "or", "not"}
+    return {t for t, marks in tests.items() if eval(expression, {}, {n: n in marks for n in names})}
+
+
+@pytest.mark.system  # a pytest session of its own
+@pytest.mark.timeout(600)
 def test_the_tiers_in_contributing_select_what_it_says():
     text = (ROOT / "docs" / "contributing.md").read_text()
     fast_smoke, fast, no_system = re.findall(r'python -m pytest -m "([^"]+)"', text)
     assert (fast_smoke, fast, no_system) == ("smoke or not ray and not system", "not ray and not system", "not system")
-    tiers = {name: collected(expr) for name, expr in [("fast", fast), ("smoke", fast_smoke), ("no_system", no_system)]}
-    everything = collected("smoke or not smoke")
-    assert tiers["fast"] < tiers["smoke"] < tiers["no_system"] < everything
-    assert any(t.startswith("tests/test_house.py::test_the_import_contracts_are_kept") for t in tiers["fast"])
+    everything = markers_of_every_test()
+    tiers = {
+        name: selected(expr, everything)
+        for name, expr in [("fast", fast), ("smoke", fast_smoke), ("no_system", no_system)]
+    }
+    assert tiers["fast"] < tiers["smoke"] < tiers["no_system"] < set(everything)
+    assert "tests/test_house.py::test_the_import_contracts_are_kept" in tiers["fast"]
     assert not any(
         t.startswith(("tests/test_ddp_training.py", "tests/test_doc_commands.py::test_the_")) for t in tiers["fast"]
     )
     smoke = tiers["smoke"] - tiers["fast"]
     assert 2 <= len(smoke) <= 6, smoke  # one representative fit of each kind
-    assert not any(t.startswith(("tests/test_doc_commands.py", "tests/test_job_submit.py")) for t in tiers["no_system"])
+    assert all("ray" in everything[t] for t in smoke)
+    assert not any(
+        t.startswith(("tests/test_doc_commands.py::test_the_", "tests/test_job_submit.py")) for t in tiers["no_system"]
+    )
