@@ -16,13 +16,13 @@ verification, 2 usage, config or storage error.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from ray_ormas._internal.common.logs import get_logger
-
-logger = get_logger("ray_ormas.cli")
+# The command's own lines ("ray-ormas train: ...") speak as the command, without the notes' prefix.
+logger = logging.getLogger("ray_ormas.cli")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ ray-ormas.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -36,7 +37,9 @@ from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.record.store import RecordStorageError
 from ray_ormas._internal.tracking.values import shown
 
-logger = get_logger("ray_ormas.train_command")
+logger = get_logger("ray_ormas.train_command")  # notes, prefixed by get_logger
+# The command's own lines ("ray-ormas train: ...") speak as the command, without the notes' prefix.
+command_logger = logging.getLogger("ray_ormas.train_command")
 
 CLI_SCALING_KEYS = {"workers": "scaling.workers", "resources": "scaling.resources_per_worker"}
 
@@ -53,10 +56,10 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         job, notes = resolve_storage(job, path)
         trainer = build_trainer(job)
     except ConfigError as e:
-        logger.error("ray-ormas train: %s", e)
+        command_logger.error("ray-ormas train: %s", e)
         return 2
     except (ValueError, TypeError, RecordStorageError) as e:
-        logger.error("ray-ormas train: %s: %s", path, e)
+        command_logger.error("ray-ormas train: %s: %s", path, e)
         return 2
     for note in notes:
         say(note)
@@ -68,7 +71,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         return 0
     shortfall = _start_ray(job)
     if shortfall is not None:
-        logger.error("ray-ormas train: %s: %s", path, shortfall)
+        command_logger.error("ray-ormas train: %s: %s", path, shortfall)
         return 2
     say(
         f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
@@ -78,12 +81,12 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     try:
         result = trainer.fit()
     except KeyboardInterrupt:
-        logger.error("ray-ormas train: interrupted")
+        command_logger.error("ray-ormas train: interrupted")
         return 1
     except BaseException as e:  # Ray's own errors, and the loop's, end the run: exit 1
         if isinstance(e, SystemExit) and e.code in (0, None):
             raise
-        logger.error(
+        command_logger.error(
             "ray-ormas train: training failed after %.0f s: %s", time.monotonic() - started, describe_failure(e)
         )
         return 1
