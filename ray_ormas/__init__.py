@@ -17,6 +17,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from ray_ormas import errors
 from ray_ormas._internal.common.logs import install_default_handler
 
 install_default_handler()
@@ -54,20 +55,7 @@ _WHERE = {
     "RecordStore": "_internal.record.store",
     "FleetSummary": "_internal.record.fleet_record",
     # errors
-    **{
-        name: "errors"
-        for name in (
-            "ConfigError",
-            "OptionError",
-            "OrmasCompatError",
-            "RankMismatchError",
-            "RankSyncTimeoutError",
-            "RayOrmasError",
-            "RaySeamChanged",
-            "RecordStorageError",
-            "StoragePathError",
-        )
-    },
+    **{name: "errors" for name in errors.__all__},
 }
 
 __all__ = [
