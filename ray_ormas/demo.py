@@ -37,17 +37,44 @@ ARMS = ("healthy", "watch", "repair")
 
 def load_digits(seed: int = 0, test_fraction: float = 0.2) -> tuple[torch.Tensor, ...]:
     """(x_train, y_train, x_test, y_test): sklearn's 1,797 digits as 1x8x8 floats in [0, 1]."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError as e:
-        raise SystemExit("the demo needs scikit-learn: pip install 'ray-ormas[demo]'") from e
-    d = sk_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(d.target, dtype=torch.long)
+    images, target = _digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(target, dtype=torch.long)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     n_test = int(len(x) * test_fraction)
     test, train = perm[:n_test], perm[n_test:]
     return x[train], y[train], x[test], y[test]
+
+
+def _digits_arrays() -> tuple[Any, Any]:
+    """sklearn's digits (images, target), kept as a NumPy file in the temp folder after the first
+    load: importing scikit-learn costs each worker seconds of CPU, reading the copy milliseconds."""
+    import importlib.metadata
+    import tempfile
+
+    import numpy as np
+
+    try:
+        version = importlib.metadata.version("scikit-learn")
+    except importlib.metadata.PackageNotFoundError as e:
+        raise SystemExit("the demo needs scikit-learn: pip install 'ray-ormas[demo]'") from e
+    cached = Path(tempfile.gettempdir()) / "ray_ormas_cache" / f"digits-sklearn-{version}.npz"
+    try:
+        with np.load(cached) as saved:
+            return saved["images"], saved["target"]
+    except (OSError, KeyError, ValueError):
+        pass
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    try:
+        cached.parent.mkdir(exist_ok=True)
+        partial = cached.with_name(f".{cached.stem}.{os.getpid()}.npz")
+        np.savez(partial, images=d.images, target=d.target)
+        os.replace(partial, cached)
+    except OSError as e:  # only the speed-up is lost
+        logger.debug("digits not cached at %s: %s", cached, e)
+    return d.images, d.target
 
 
 class DigitsCNN(nn.Module):

@@ -47,6 +47,7 @@ from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.segments import record_pointer
 from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.tracking.sqlite_seed import seed_new_store
 from ray_ormas._internal.tracking.sync import (
     Entry,
     new_journal,
@@ -316,6 +317,7 @@ class TrackingWriter:
         if self._client is None:
             from mlflow import MlflowClient
 
+            seed_new_store(self._uri)  # a new local SQLite store starts as a copy, not a migration
             self._client = MlflowClient(tracking_uri=self._uri)
         if not self._opened:
             with self._lock:

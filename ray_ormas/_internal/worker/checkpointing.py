@@ -46,13 +46,6 @@ import ray.train
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ray_ormas._internal.common.logs import get_logger
 
@@ -89,6 +82,14 @@ def save_checkpoint(
     FSDP). Returns a `ray.train.Checkpoint` on rank 0 and None elsewhere: pass it on to
     `ray_ormas.report(metrics, checkpoint=...)` on every rank."""
     _check_state_args(model, optimizer, epoch, step, extra)
+    # Imported here, not at the top: torch.distributed.checkpoint costs about 1.5 s of CPU on
+    # import, and every worker imports this module (the temporary-folder check) but few save.
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=full)
     optim_state = get_optimizer_state_dict(model, optimizer, options=full) if optimizer is not None else None
@@ -148,6 +149,12 @@ def load_checkpoint(
         raise ValueError(
             f"checkpoint {checkpoint.path} has format {state.get('format')!r}; this ray-ormas reads {FORMAT!r}"
         )
+    from torch.distributed.checkpoint.state_dict import (  # see save_checkpoint
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state["model"], options=full)
     if optimizer is not None:
