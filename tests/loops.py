@@ -146,9 +146,10 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     """Epochs over a DistributedSampler, resumable with ray_ormas.save_checkpoint/load_checkpoint.
 
     Inputs get Gaussian noise from the global torch RNG, so an exact resume needs the random state
-    restored too. Options: epochs, kill_rank / kill_at (that rank SIGKILLs itself before global
-    step `kill_at`, once: `kill_marker` is created first), sleep_per_step, kill_server_at +
-    server_pgid (rank 0 SIGKILLs that process group before that global step), extra_metrics
+    restored too. Options: epochs, lesion (zero conv2 and conv3 first), kill_rank / kill_at (that
+    rank SIGKILLs itself before global step `kill_at`, once: `kill_marker` is created first),
+    sleep_per_step, kill_server_at + server_pgid (rank 0 SIGKILLs that process group before that
+    global step), extra_metrics
     (reports also carry the loss, a string and a NaN), storage_root +
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
     each checkpoint report and returns the line counts it saw), upload_mode (Ray's
@@ -168,7 +169,10 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     data = TensorDataset(x[:512], y[:512])
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
-    model = ray_ormas.prepare_model(DigitsCNN())
+    net = DigitsCNN()
+    if config.get("lesion"):
+        lesion(net)  # a checkpoint, when there is one, brings the weights it saved
+    model = ray_ormas.prepare_model(net)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
     mon = ray_ormas.monitor(model, opt)
     state = ray_ormas.load_checkpoint(model, opt, sampler=sampler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,13 @@ def diary(path: Path) -> list[dict]:
 
 def events(path: Path, kind: str) -> list[dict]:
     return [e for e in diary(path) if e["event"] == kind]
+
+
+def documented_final_keys() -> set[str]:
+    """The keys docs/quickstart.md's table of `result.ormas.final` lists."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "quickstart.md").read_text()
+    table = text.split("### The keys of `result.ormas.final`")[1].split("\n\n`tests/")[0]
+    return set(re.findall(r"^\| `(ormas/[a-z_]+)` \|", table, re.M))
 
 
 def trainer(storage: Path, name: str, loop=digits_loop, workers: int = 2, **kwargs) -> RayOrmasTrainer:
@@ -80,9 +88,14 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
         assert "ormas/loss" in per_rank[0] and "ormas/loss" not in per_rank[1]  # rows are rank 0's
         assert all(isinstance(r["ormas/rank_loss"], float) for r in per_rank)  # facts are every rank's
         assert per_rank[0]["ormas/param_digest"] == per_rank[1]["ormas/param_digest"]
+    assert set(run.final) == documented_final_keys() - {"ormas/effective_batch"}  # no batch setting here
     assert run.final["ormas/steps_per_rank"] == [24, 24]
     assert run.final["ormas/checks"] == 6 and run.final["ormas/check_step"] == 20
-    assert sum(len(per_rank[0]["ormas/events"]) for per_rank in run.reports) >= 2  # structure, manifest
+    # Reports carry counts; the events are in the record (structure, manifest, ... at least two).
+    assert sum(per_rank[0]["ormas/new_events"] for per_rank in run.reports) == len(
+        [e for e in diary(run.record_dir) if e["event"] not in ("run_start", "run_end")]
+    )
+    assert all("ormas/events" not in r for per_rank in run.reports for r in per_rank)
 
     # Result.metrics is the last *checkpoint* report's: the user's second report, ormas facts merged.
     assert result.metrics["user_step"] == 16 and result.metrics["ormas/kind"] == "user"

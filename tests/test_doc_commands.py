@@ -102,12 +102,24 @@ def shortened(text: str) -> str:
     return text
 
 
+def check_quiet_console(out: str) -> None:
+    """What a training prints (docs/cli.md, "What the console shows"): no Ray Train line per report,
+    no metrics dict, and every ray-ormas and ormas-monitor line once."""
+    lines = out.splitlines()
+    assert not [x for x in lines if "Reporting training result" in x], "Ray Train's per-report lines are shown"
+    ours = [x for x in lines if "[ray-ormas]" in x or "[ormas-monitor]" in x]
+    twice = sorted({x for x in ours if ours.count(x) > 1})
+    assert not twice, f"lines shown twice: {twice[:5]}"
+    assert not [x for x in lines if "'ormas/" in x], "a metrics dict reached the console"
+
+
 def records_named(out: str) -> list[Path]:
     return [Path(p) for p in re.findall(r"^\s*record: (\S+)$", out, re.M)]
 
 
 def check_training_output(ran: Ran) -> None:
     assert ran.code == 0, ran.out[-4000:]
+    check_quiet_console(ran.out)
     records = records_named(ran.out)
     assert records, "the summary names no record:\n" + ran.out[-3000:]
     for record in records:

@@ -126,3 +126,17 @@ def test_worker_api_outside_a_trainer_says_what_to_do(call):
 def test_reserved_metric_names_are_refused_before_the_session_is_needed():
     with pytest.raises(ValueError, match="reserved for ray-ormas"):
         ray_ormas.report({"ormas/loss": 1.0})
+
+
+def test_workers_print_each_line_once_unless_the_user_says_otherwise(monkeypatch):
+    from ray_ormas._internal.driver.trainer import _print_once
+
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
+    assert _print_once(None) == {"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+    theirs = {"pip": ["x"], "env_vars": {"A": "1"}}
+    assert _print_once(theirs) == {"pip": ["x"], "env_vars": {"A": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+    assert theirs == {"pip": ["x"], "env_vars": {"A": "1"}}  # the user's own dict is not changed
+    mine = {"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "1"}}
+    assert _print_once(mine) is mine
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PRINT_PATCH", "1")
+    assert _print_once(None) is None

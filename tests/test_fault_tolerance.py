@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
@@ -157,3 +158,45 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
     whole = open_records(storage / "whole").metrics()
     assert whole.column("run_step").to_pylist()[:7] == run_steps[:7]
     assert whole.column("loss").to_pylist()[:7] == metrics.column("loss").to_pylist()[:7]
+
+
+@pytest.mark.timeout(300)
+def test_a_repair_before_a_worker_failure_stays_in_the_whole_runs_facts(storage, tmp_path):
+    """A lesioned CNN repaired in attempt 0, a worker killed in epoch 2, Ray resuming from a
+    checkpoint: `final`, the per-segment rows and the MLflow run's end give the whole run."""
+    result = RayOrmasTrainer(
+        resume_loop,
+        train_loop_config={
+            "epochs": 3,
+            "lesion": True,
+            "kill_rank": 1,
+            "kill_at": 2 * STEPS_PER_EPOCH + 3,
+            "kill_marker": str(tmp_path / "killed-once"),
+        },
+        check_every=2,
+        repair=True,
+        verbose=False,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="repaired", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+    ).fit()
+    rows = result.ormas.segments
+    assert [(r["monitor"], r["attempt"]) for r in rows] == [("model", 0), ("model", 1)] and rows[1]["complete"]
+    assert rows[0]["channels_repaired"] > 0  # the repair happened in the attempt that failed
+    events = result.ormas.open_records().events().to_pylist()
+    repairs = [json.loads(e["line"]) for e in events if e["event"] == "repair"]
+    final = result.ormas.final
+    assert final["ormas/repairs"] == len(repairs) == sum(r["repairs"] for r in rows)
+    assert (
+        final["ormas/channels_repaired"]
+        == sum(r["count"] for r in repairs)
+        == sum(r["channels_repaired"] for r in rows)
+    )
+    assert final["ormas/certificates"] == sum(e["event"] == "certificate" for e in events) > 0
+    assert final["ormas/alarms"] == sum(e["event"] == "alarm" for e in events)
+    assert final["ormas/checks"] == sum(r["checks"] for r in rows) == len(result.ormas.open_records().metrics())
+    assert final["ormas/segments"] == 2
+    assert final["ormas/stuck_channels"] == rows[-1]["stuck_channels_at_end"] == 0  # the state at the end
+    # The MLflow run (the embedded store) ends with the same counts.
+    run = MlflowClient(result.ormas.tracking_uri).get_run(result.ormas.mlflow_run_id)
+    for key in ("ormas/repairs", "ormas/channels_repaired", "ormas/certificates", "ormas/checks", "ormas/segments"):
+        assert run.data.metrics[key] == final[key], key

@@ -23,6 +23,8 @@ def fresh_checks():
         ray_train.job_config_env,
         ray_train.check_nccl_hang_env,
         ray_train._say_format_changed,
+        ray_train.print_patch_env,
+        ray_train._say_once,
     ):
         check.cache_clear()
     yield
@@ -31,6 +33,8 @@ def fresh_checks():
         ray_train.job_config_env,
         ray_train.check_nccl_hang_env,
         ray_train._say_format_changed,
+        ray_train.print_patch_env,
+        ray_train._say_once,
     ):
         check.cache_clear()
 
@@ -40,6 +44,37 @@ def test_each_piece_matches_the_installed_ray():
     assert ray_train.head_node_resource() == "node:__internal_head__"
     assert ray_train.job_config_env() == "RAY_JOB_CONFIG_JSON_ENV_VAR"
     ray_train.check_nccl_hang_env()
+    assert ray_train.print_patch_env() == "RAY_TRAIN_ENABLE_PRINT_PATCH"
+
+
+def test_a_renamed_print_patch_variable_fails_loudly(monkeypatch):
+    constants = importlib.import_module(ray_train.TRAIN_CONSTANTS_MODULE)
+    monkeypatch.setattr(constants, "ENABLE_PRINT_PATCH_ENV_VAR", "RAY_TRAIN_PATCH_PRINT")
+    with pytest.raises(RaySeamChanged, match=r"print patch.*reads 'RAY_TRAIN_PATCH_PRINT', not"):
+        ray_train.print_patch_env()
+
+
+def test_ray_trains_per_report_line_is_hidden_and_nothing_else(caplog, monkeypatch):
+    context = importlib.import_module(ray_train.REPORT_LOG_MODULE)
+    monkeypatch.setattr(context.logger, "filters", [])  # this test's filter goes with it
+    assert ray_train.hide_report_lines() and ray_train.hide_report_lines()  # installed once
+    assert len(context.logger.filters) == 1
+    with caplog.at_level(logging.INFO):
+        context.logger.info("Reporting training result 3: TrainingReport(metrics={'loss': 1.0}) from rank 1")
+        context.logger.info("Checkpoint successfully created at: Checkpoint(...)")
+        context.logger.warning("Reporting training result 4 took long")
+    assert [r.getMessage()[:24] for r in caplog.records] == ["Checkpoint successfully ", "Reporting training resul"]
+    assert caplog.records[-1].levelno == logging.WARNING
+
+
+def test_a_gone_report_logger_is_said_once_and_changes_nothing(caplog, monkeypatch):
+    context = importlib.import_module(ray_train.REPORT_LOG_MODULE)
+    monkeypatch.delattr(context, "logger")
+    with caplog.at_level(logging.WARNING, logger="ray_ormas.seams"):
+        assert ray_train.hide_report_lines() is False
+        assert ray_train.hide_report_lines() is False
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "cannot be hidden" in said and "ray==2.60.0" in said
 
 
 def test_a_renamed_head_node_resource_fails_loudly(monkeypatch):

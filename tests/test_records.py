@@ -17,6 +17,7 @@ from ormas_monitor import Monitor
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 
 from ray_ormas import RecordStorageError, open_records
+from ray_ormas._internal.record.run_facts import run_facts, whole_run_counts
 from ray_ormas._internal.record.segments import segment_link
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.seams.ormas import flush_metrics
@@ -112,6 +113,8 @@ def test_report_and_export_commands(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "model/segment-000  attempt 0" in run.stdout and "incomplete (no run_end" in run.stdout
     assert "model/segment-001  attempt 1" in run.stdout and run.stdout.count("verified") == 2
+    # 11 steps checked at 0, 5, 10 (cut short: 3 checks, steps up to the last check) + 6 steps (0, 5)
+    assert "model: the whole run: 2 segments to run step 26: 5 checks" in run.stdout, run.stdout
     assert (tmp_path / "out" / "model" / "segment-001" / "report.html").is_file()
     run = subprocess.run(
         [sys.executable, "-m", "ray_ormas", "export", f"file://{tmp_path}/runs/r", "--out", str(tmp_path / "pq")],
@@ -121,6 +124,8 @@ def test_report_and_export_commands(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert pq.read_table(tmp_path / "pq" / "metrics.parquet").num_rows == 3 + 2
+    segments = pq.read_table(tmp_path / "pq" / "segments.parquet").to_pylist()
+    assert [(r["attempt"], r["complete"], r["checks"]) for r in segments] == [(0, False, 3), (1, True, 2)]
     bad = subprocess.run(
         [sys.executable, "-m", "ray_ormas", "report", str(tmp_path / "nothing")],
         capture_output=True,
@@ -139,3 +144,25 @@ def test_a_tampered_segment_fails_the_report(tmp_path):
     assert not done[0].verified and any("hash chain" in p for p in done[0].problems), path
     with pytest.raises(RecordStorageError, match="no ray-ormas record"):
         open_records(tmp_path / "out" / "elsewhere")
+
+
+def test_the_whole_run_sums_every_segment_and_ends_with_the_last_state(two_segments):
+    store, crashed = two_segments
+    facts = run_facts(store, "model")
+    first, second = facts.segments
+    rows = [json.loads(x) for x in (store.read_bytes(f"{crashed}/metrics.jsonl") or b"").decode().splitlines()[:-1]]
+    assert (first.complete, first.counts["checks"], first.counts["steps"]) == (False, len(rows), rows[-1]["step"] + 1)
+    later = store.segments("model")[1]
+    end = [e for e in store.read_lines(f"{later}/diary.jsonl") if e["event"] == "run_end"][0]
+    assert (second.complete, second.counts["checks"], second.counts["steps"]) == (True, end["checks"], end["steps"])
+    assert second.counts["alarms"] == end["counts"]["alarms"] and second.step_offset == 20
+    events = open_records(store.root, store.filesystem).events().to_pylist()
+    for name, kind in (("alarms", "alarm"), ("certificates", "certificate"), ("repairs", "repair")):
+        assert facts.totals[name] == sum(e["event"] == kind for e in events), name
+    assert facts.totals["checks"] == len(rows) + end["checks"]
+    assert facts.run_step == 20 + end["steps"]
+    last = store.read_lines(f"{later}/metrics.jsonl")[-1]
+    assert facts.loss == last["loss"] and facts.stuck_channels == sum(sum(v) for v in last["stuck"].values())
+    counts = whole_run_counts(store)
+    assert counts["ormas/segments"] == 2 and counts["ormas/checks"] == facts.totals["checks"]
+    assert [r["segment"] for r in (first.row(), second.row())] == [0, 1]

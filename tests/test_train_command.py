@@ -120,6 +120,7 @@ NOT_DEFAULT = {
         "layers": (["conv*", "fc"], ("conv*", "fc")),
         "verbose": (False, False),
         "progress": (False, False),
+        "ray_report_lines": (True, True),
         "report_every": (3, 3),
         "sync_timeout_s": (60.5, 60.5),
         "auto_monitor": (False, False),
@@ -201,6 +202,7 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
         layers=list(m.layers),
         verbose=m.verbose,
         progress=m.progress,
+        ray_report_lines=m.ray_report_lines,
         report_every=m.report_every,
         sync_timeout_s=m.sync_timeout_s,
         auto_monitor=m.auto_monitor,
@@ -283,6 +285,21 @@ def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
     assert "conv3.0       0         64        64             0  repaired" in repair
     accuracy = json.loads(repair.split("final metrics: ")[1].split("\n")[0])["val_accuracy"]
     assert accuracy > 0.9
+    # The same command again continues the run: it says so first, trains nothing (every epoch is
+    # done) and says that, and the summary is still the whole run's, never the empty segment's.
+    args = [str(EXAMPLES / "digits_repair.yaml"), "--set", f"storage.path={tmp_path}", "--set", "mlflow.enabled=false"]
+    code, again, said = run(console, *args, "--set", "train.epochs=3")
+    assert code == 0, said[-3000:]
+    first = said.splitlines()[0]
+    run_dir = tmp_path / "digits-repair"
+    assert first.startswith(f"[ray-ormas] continuing the existing run at {run_dir} (1 record segment so far)"), first
+    assert "from its latest checkpoint, checkpoint_" in first and "(epoch 2, run step " in first, first
+    assert (
+        "Ray Train continues a run with the same name and storage" in first and "another RunConfig(name=...)" in first
+    )
+    assert "nothing was left to train" in said
+    assert "the whole run: 2 segments" in again
+    assert "conv2.0       0         32        32             0  repaired" in again
     for name in ("digits-watch", "digits-repair"):
         record = tmp_path / name / "ormas" / "model" / "segment-000"
         assert verify_run(record).ok and (record / "report.html").is_file()

@@ -3,7 +3,7 @@
     ray-ormas train CONFIG.yaml [--set key=value ...] [--dry-run]   train as the config says
     ray-ormas demo                       the digits demo on a local Ray cluster
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment, from run storage
-    ray-ormas export RUN --out DIR       events.parquet and metrics.parquet of every segment
+    ray-ormas export RUN --out DIR       events, metrics and segments .parquet (fleet_* with a fleet)
     ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage)
 
 `train` starts a local Ray cluster when none is running, and joins the cluster under
@@ -68,9 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     r.add_argument("--out", default="ray_ormas_reports", help="local folder for the copies (default: %(default)s)")
     r.add_argument("--monitor", help="only this monitor (default: all)")
-    e = sub.add_parser("export", help="write a run's record (all segments) as Parquet: events and metrics")
+    e = sub.add_parser(
+        "export",
+        help="write a run's record (all segments) as Parquet: events, metrics, segments (and the fleet's)",
+    )
     e.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
-    e.add_argument("--out", required=True, help="local folder for events.parquet and metrics.parquet")
+    e.add_argument("--out", required=True, help="local folder for the .parquet files")
     e.add_argument("--monitor", help="only this monitor (default: all)")
     m = sub.add_parser(
         "mlflow-sync",
@@ -186,6 +189,11 @@ def _report(records, out: Path, monitor: str | None) -> int:
         failed += not r.verified
     if not done:
         logger.error("no segments found")
+    from ray_ormas._internal.cli.summary import whole_run_line
+    from ray_ormas._internal.record.run_facts import run_facts
+
+    for name in records.monitors() if monitor is None else [monitor]:
+        print(whole_run_line(run_facts(records.store, name)))
     _fleet_report(records)
     return 1 if failed else 0
 

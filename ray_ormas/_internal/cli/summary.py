@@ -1,11 +1,14 @@
 """The end-of-run summary `ray-ormas train` prints: per monitor, per layer, what the record says.
 
-    layer      alarms  certified  repaired  stuck at end  status
-    conv2.0         0         32        32             0  repaired
-    conv3.0         0         64         0            64  certified dead
+    monitor 'model': 7 layers, 5 healthy (the whole run: 2 segments, 12 checks, to run step 48)
+      layer      alarms  certified  repaired  stuck at end  status
+      conv2.0         0         32        32             0  repaired
+      conv3.0         0         64         0            64  certified dead
 
-Read from the record itself (the last segment of each monitor in this fit, in storage), so the
-table is what anyone re-reading the record would find. Hooks relied on: the record layout of
+Read from the record itself, in storage, so the table is what anyone re-reading the record would
+find. It covers the whole run: alarms, certificates and repairs summed over every segment of the
+monitor (every attempt, every earlier fit this one continued; record/run_facts.py says how), and
+the state at the end from the last segment with a check. Hooks relied on: the record layout of
 ormas-monitor (diary events `alarm`, `certificate`, `repair` with `layer` and `count`; metrics
 rows with `grad` and `stuck` per layer) and `RecordStore` (record/store.py).
 """
@@ -17,25 +20,28 @@ from collections import Counter
 from typing import Any
 
 from ray_ormas._internal.record.layout import DIARY, METRICS
+from ray_ormas._internal.record.run_facts import RunFacts, run_facts
 from ray_ormas._internal.record.store import RecordStore
 
 
-def layer_table(store: RecordStore, segment: str) -> list[dict[str, Any]]:
-    """One dict per monitored layer: alarms, certified, repaired, stuck at end, status."""
-    events = store.read_lines(posixpath.join(segment, DIARY))
-    rows = store.read_lines(posixpath.join(segment, METRICS))
-    last = rows[-1] if rows else {}
+def layer_table(store: RecordStore, segments: list[str]) -> list[dict[str, Any]]:
+    """One dict per monitored layer over `segments` (oldest first): alarms, certified and repaired
+    summed over them, stuck at end and status from the last one with a check."""
     alarms: Counter[str | None] = Counter()
     certified: Counter[str | None] = Counter()
     repaired: Counter[str | None] = Counter()
-    for e in events:
-        layer = e.get("layer")
-        if e.get("event") == "alarm":
-            alarms[layer] += 1
-        elif e.get("event") == "certificate":
-            certified[layer] += int(e.get("count") or 0)
-        elif e.get("event") == "repair":
-            repaired[layer] += int(e.get("count") or 0)
+    last: dict[str, Any] = {}
+    for segment in segments:
+        rows = store.read_lines(posixpath.join(segment, METRICS))
+        last = rows[-1] if rows else last
+        for e in store.read_lines(posixpath.join(segment, DIARY)):
+            layer = e.get("layer")
+            if e.get("event") == "alarm":
+                alarms[layer] += 1
+            elif e.get("event") == "certificate":
+                certified[layer] += int(e.get("count") or 0)
+            elif e.get("event") == "repair":
+                repaired[layer] += int(e.get("count") or 0)
     stuck = {layer: sum(v) for layer, v in (last.get("stuck") or {}).items()}
     layers = list(last.get("grad") or {})
     layers += [x for x in [*alarms, *certified, *repaired] if x is not None and x not in layers]
@@ -70,9 +76,13 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None, flee
     (a FleetSummary, when fleet health was on), then where everything is."""
     out = []
     for name, segment in records.items():
-        table = layer_table(store, segment)
+        run = run_facts(store, name)
+        table = layer_table(store, store.segments(name) or [segment])
         healthy = sum(r["status"] == "healthy" for r in table)
-        out.append(f"monitor {name!r}: {len(table)} layers, {healthy} healthy")
+        out.append(
+            f"monitor {name!r}: {len(table)} layers, {healthy} healthy (the whole run: {run.attempts} "
+            f"segment{'s' * (run.attempts != 1)}, {run.totals['checks']} checks, to run step {run.run_step})"
+        )
         width = max([len("layer"), *(len(r["layer"]) for r in table)])
         out.append(f"  {'layer':<{width}}  alarms  certified  repaired  stuck at end  status")
         for r in table:
@@ -90,3 +100,15 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None, flee
         out.append(f"  fleet record: {fleet.record}")
     out.append(f"MLflow: {mlflow}" if mlflow else "MLflow: off")
     return "\n".join(out)
+
+
+def whole_run_line(run: RunFacts) -> str:
+    """`ray-ormas report`'s line of a monitor's whole run: counts over every segment, state at the end."""
+    t = run.totals
+    loss = f"{run.loss:.4g}" if run.loss is not None else "none"
+    return (
+        f"{run.monitor}: the whole run: {run.attempts} segment{'s' * (run.attempts != 1)} to run step "
+        f"{run.run_step}: {t['checks']} checks, {t['alarms']} alarms, {t['certificates']} certificates, "
+        f"{t['repairs']} repairs ({t['channels_repaired']} channels); at the end (its last check): "
+        f"{run.stuck_channels if run.stuck_channels is not None else 'no'} stuck channels, loss {loss}"
+    )

@@ -69,6 +69,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         print(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False), end="")
         say("config is valid; --dry-run started nothing")
         return 0
+    trainer._announce_continuation()  # the first line, when this continues an existing run
     shortfall = _start_ray(job)
     if shortfall is not None:
         command_logger.error("ray-ormas train: %s: %s", path, shortfall)
@@ -169,6 +170,7 @@ def build_trainer(job: JobConfig) -> Any:
         layers=m.layers,
         verbose=m.verbose,
         progress=m.progress,
+        ray_report_lines=m.ray_report_lines,
         report_every=m.report_every,
         sync_timeout_s=m.sync_timeout_s,
         auto_monitor=m.auto_monitor,

@@ -33,12 +33,13 @@ LOSS = "loss"
 STUCK_CHANNELS = "stuck_channels"
 STUCK_LAYERS = "stuck_layers"
 CERTIFICATES = "certificates"
-EVENTS = "events"
-EVENTS_DROPPED = "events_dropped"
+NEW_EVENTS = "new_events"  # events the record gained since the last report (the events: in the record)
 CHECKS = "checks"
 RECORD_DIR = "record_dir"
 REPORT_PATH = "report_path"
 STEP_OFFSET = "step_offset"
+# The driver's `result.ormas.final` and the MLflow run's end only: the run's segments so far.
+SEGMENTS = "segments"
 RECORD_ERRORS = "record_errors"
 # ormas-monitor's counts that the docs and the summary name.
 ALARMS = "alarms"

@@ -53,6 +53,9 @@ class MonitorSettings:
         layers: fnmatch patterns on module names; only matching layers are monitored.
         verbose: rank 0 prints the monitor's own event lines as they happen.
         progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
+        ray_report_lines: show Ray Train's own INFO line for every `ray.train.report` on every
+            rank ("Reporting training result N: ...", with the whole metrics dict). Off by
+            default: the console shows ray-ormas's progress, alarms, repairs and summary.
         report_every: also call `ray.train.report` every this many checks, on every rank
             (None: only with the user's own `ray_ormas.report` calls and once at the end).
             Each report is a barrier across workers, so keep it off the hot path.
@@ -77,6 +80,9 @@ class MonitorSettings:
     )
     verbose: bool = Field(default=True, description="rank 0 prints ormas-monitor's own event lines")
     progress: bool = Field(default=True, description="rank 0 prints one line per check")
+    ray_report_lines: bool = Field(
+        default=False, description="show Ray Train's own log line for every report on every rank (its metrics dict)"
+    )
     report_every: int | None = Field(
         default=None,
         ge=1,
@@ -140,6 +146,7 @@ class MonitorSettings:
         sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
         progress: bool = True,
         auto_monitor: bool = True,
+        ray_report_lines: bool = False,
     ) -> MonitorSettings:
         """Settings from the trainer's keyword options: `monitor_config` gives the thresholds,
         `check_every` overrides its interval; an error is an `OptionError` naming the option."""
@@ -166,6 +173,7 @@ class MonitorSettings:
             layers=layers,
             verbose=verbose,
             progress=progress,
+            ray_report_lines=ray_report_lines,
             report_every=report_every,
             sync_timeout_s=sync_timeout_s,
             auto_monitor=auto_monitor,

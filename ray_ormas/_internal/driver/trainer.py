@@ -54,6 +54,7 @@ from ray_ormas._internal.common.settings import (
     check_strategy,
 )
 from ray_ormas._internal.driver.capacity import check_capacity
+from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import every_wrapped
 from ray_ormas._internal.driver.paths import resolve_location
 from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
@@ -63,9 +64,10 @@ from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, WriterSpec
 from ray_ormas._internal.record.fleet_record import FleetSummary
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
 from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.run_facts import run_facts, state_at_end, whole_run_counts
 from ray_ormas._internal.record.staging import sweep
 from ray_ormas._internal.record.store import RecordStore, resolve
-from ray_ormas._internal.seams.ray_train import check_nccl_hang_env, head_node_resource
+from ray_ormas._internal.seams.ray_train import check_nccl_hang_env, head_node_resource, print_patch_env
 from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_exists, mlflow_environment, shown
 from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas._internal.worker.loop import wrap_train_loop
@@ -87,7 +89,15 @@ class OrmasRun:
             disk or a mount); None on object storage (use `records`, or `open_records()`).
         report: the main monitor's engineer report (`report.html`), when the store is local and
             the report was written.
-        final: rank 0's `ormas/...` facts from the last report (counts, loss, steps, ...).
+        final: rank 0's `ormas/...` facts from the last report, with the whole run's counts:
+            `alarms`, `certificates`, `repairs`, `channels_repaired`, `loss_spikes`,
+            `nonfinite`, `skipped_steps` and `checks` summed over every segment of the run (every
+            attempt, and every earlier fit that this one continued), `segments` (how many), and
+            the state at the end (`stuck_channels`, `stuck_layers`, `loss`) from the run's last
+            segment with a check. docs/quickstart.md lists every key.
+        segments: one row per segment of every monitor of the run: `monitor`, `segment`,
+            `attempt`, `fit_id`, `step_offset`, `complete`, its own counts, and its state at its
+            end (`stuck_channels_at_end`, `loss_at_end`): the per-attempt figures.
         reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
             (index = world rank), exactly as `ray.train.report` delivered them to the controller.
         worker_errors: for each failed attempt, {rank: "Type: message"}.
@@ -107,6 +117,7 @@ class OrmasRun:
     record_dir: Path | None
     report: Path | None
     final: dict[str, Any]
+    segments: list[dict[str, Any]] = field(default_factory=list)
     reports: list[list[dict[str, Any]]] = field(default_factory=list)
     worker_errors: list[dict[int, str]] = field(default_factory=list)
     mlflow_run_id: str | None = None
@@ -144,6 +155,8 @@ class RayOrmasTrainer:
         layers: fnmatch pattern(s) on module names; only those layers are monitored.
         verbose: rank 0 prints the monitor's events.
         progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
+        ray_report_lines: show Ray Train's own log line for every report on every rank (with its
+            metrics dict); off by default (docs/cli.md, "What the console shows").
         report_every: also report every this many checks (a barrier each time); None: only with
             the loop's own `ray_ormas.report` calls and once at the end.
         sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
@@ -186,6 +199,7 @@ class RayOrmasTrainer:
         layers: str | Sequence[str] | None = None,
         verbose: bool = True,
         progress: bool = True,
+        ray_report_lines: bool = False,
         report_every: int | None = None,
         sync_timeout_s: float = DEFAULT_SYNC_TIMEOUT_S,
         auto_monitor: bool = True,
@@ -221,6 +235,7 @@ class RayOrmasTrainer:
             sync_timeout_s=sync_timeout_s,
             progress=progress,
             auto_monitor=auto_monitor,
+            ray_report_lines=ray_report_lines,
         )
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
@@ -283,6 +298,8 @@ class RayOrmasTrainer:
             record_dir = resolved.location
         self.store = RecordStore.for_run(self.run_config, record_dir)
         self.store.check_writable()
+        self._continuation: Continuation | None = None
+        self._continuation_said = False
         if mlflow is True:
             mlflow = MLflowSettings()
         if mlflow is not False and not isinstance(mlflow, MLflowSettings):
@@ -322,6 +339,7 @@ class RayOrmasTrainer:
         `ray.train.TrainingFailedError` whose `worker_failures` hold the loop's own exception,
         unchanged), after printing where the record of the failed run is.
         """
+        continuation = self._announce_continuation()
         if not ray.is_initialized():
             ray.init()
             shortfall = check_capacity(self.scaling_config)
@@ -355,7 +373,11 @@ class RayOrmasTrainer:
             local_reports=callback if local else None,
             frameworks=self.frameworks,
         )
-        run_config = dataclasses.replace(self.run_config, callbacks=[*(self.run_config.callbacks or []), callback])
+        run_config = dataclasses.replace(
+            self.run_config,
+            callbacks=[*(self.run_config.callbacks or []), callback],
+            worker_runtime_env=_print_once(self.run_config.worker_runtime_env),
+        )
         trainer = TorchTrainer(
             wrap_train_loop(self.train_loop_per_worker, plan),
             train_loop_config=self.train_loop_config or {},
@@ -397,11 +419,25 @@ class RayOrmasTrainer:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
         run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left)
+        if continuation is not None and _trained_nothing(snapshot):
+            logger.warning("%s", continuation.nothing_trained())
         if outcome is not None:
             run = dataclasses.replace(
                 run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri, mlflow_complete=outcome.complete
             )
         return RayOrmasResult(**fields, ormas=run)
+
+    def _announce_continuation(self) -> Continuation | None:
+        """Say, once and before Ray starts, when this fit continues an existing run (driver/continuation.py)."""
+        if not self._continuation_said:
+            self._continuation_said = True
+            try:
+                self._continuation = find_continuation(self.run_config, self.store)
+            except Exception as e:  # a note only: never in the way of the fit
+                logger.debug("could not tell whether the run exists (%s: %s)", type(e).__name__, e)
+            if self._continuation is not None:
+                logger.warning("%s", self._continuation.line())
+        return self._continuation
 
     def _tracking_spec(self, fit_id: str) -> WriterSpec | None:
         """What the ledger's MLflow writer needs (None when tracking is off). Nothing here talks to
@@ -525,6 +561,19 @@ def _finish_fleet(ledger: Any) -> FleetSummary | None:
         return None
 
 
+def _print_once(worker_runtime_env: Any) -> Any:
+    """The workers' runtime environment with Ray Train's print patch off (seams/ray_train.py): in
+    Ray 2.60 it writes every line a worker prints to the console twice. A value the user set, in
+    `RunConfig(worker_runtime_env=...)` or in the driver's environment, is left as it is."""
+    name = print_patch_env()
+    env = dict(worker_runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    if name in env_vars or name in os.environ:
+        return worker_runtime_env
+    env["env_vars"] = {**env_vars, name: "0"}
+    return env
+
+
 def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
     """The run config with a local storage path made absolute (driver/paths.py); a path on a
     filesystem the user gave (other than the local one) is left as it is."""
@@ -548,19 +597,40 @@ def _on_head_node() -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
 
 
+def _trained_nothing(snapshot: dict[str, Any]) -> bool:
+    """The fit's last attempt made no optimizer step on any rank (its final report says so)."""
+    reports = snapshot["reports"]
+    steps = reports[-1][0].get(keys.STEPS_PER_RANK) if reports else None
+    return isinstance(steps, list) and bool(steps) and not any(steps)
+
+
 def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
     reports = snapshot["reports"]
-    final = reports[-1][0] if reports else {}
+    final = dict(reports[-1][0]) if reports else {}
     records: dict[str, str] = dict(snapshot["records"])
     main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
     record_dir = store.local_path(main) if main is not None else None
     report = record_dir / REPORT if record_dir is not None and final.get(keys.PREFIX + keys.REPORT_PATH) else None
+    segments: list[dict[str, Any]] = []
+    try:  # the whole run's counts (every attempt, every fit of the run) and its state at the end
+        final.update(state_at_end(store))
+        final.update(whole_run_counts(store))
+        segments = [seg.row() for monitor in store.monitors() for seg in run_facts(store, monitor).segments]
+    except Exception as e:  # storage unreadable at the very end: the last report's own figures stand
+        logger.warning(
+            "the record at %s could not be read back for the whole run's counts (%s: %s); "
+            "result.ormas.final holds the last attempt's",
+            store.shown(),
+            type(e).__name__,
+            e,
+        )
     return OrmasRun(
         store=store,
         records=records,
         record_dir=record_dir,
         report=report,
         final=final,
+        segments=segments,
         reports=reports,
         worker_errors=snapshot["exceptions"],
     )

@@ -244,13 +244,26 @@ class RunRecords:
         return pa.Table.from_pylist(rows, schema=FLEET_ALARMS_SCHEMA)
 
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
-        """Write `events.parquet` and `metrics.parquet` into `out_dir` (a local folder), and
-        `fleet_checks.parquet` and `fleet_alarms.parquet` when there is a fleet record."""
+        """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
+        its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
+        folder), and `fleet_checks.parquet` and `fleet_alarms.parquet` when there is a fleet record."""
+        from ray_ormas._internal.record.run_facts import run_facts
+
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"events": out / "events.parquet", "metrics": out / "metrics.parquet"}
+        paths = {
+            "events": out / "events.parquet",
+            "metrics": out / "metrics.parquet",
+            "segments": out / "segments.parquet",
+        }
         pq.write_table(self.events(monitor), paths["events"])
         pq.write_table(self.metrics(monitor), paths["metrics"])
+        rows = [
+            seg.row()
+            for name in ([monitor] if monitor else self.monitors())
+            for seg in run_facts(self.store, name).segments
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), paths["segments"])
         if self.fleets():
             paths.update(fleet_checks=out / "fleet_checks.parquet", fleet_alarms=out / "fleet_alarms.parquet")
             pq.write_table(self.fleet_checks(), paths["fleet_checks"])

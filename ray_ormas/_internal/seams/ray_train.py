@@ -14,6 +14,15 @@ upstream change that would let it go.
   tells a `ray job submit` run from a local one (driver/paths.py). Checked against Ray's constant.
 * `NCCL_HANG_ENV`: the variables Ray Train reads on the driver to build its NCCL hang detector
   (common/fleet_settings.py sets them). Checked against Ray Train's constants.
+* `PRINT_PATCH_ENV`: the variable that switches off Ray Train's patch of `print` on workers, which
+  in Ray 2.60 writes every line a worker prints twice (to the worker's stdout and through
+  Ray Train's logger, both of which reach the driver's console). ray-ormas turns it off for its
+  workers unless you set it (driver/trainer.py). Checked against Ray Train's constant.
+* `hide_report_lines()`: a filter on the logger of Ray Train's worker context module that drops
+  the INFO line Ray Train logs for every `ray.train.report` on every rank ("Reporting training
+  result N: TrainingReport(...)", the whole metrics dict). Run on each worker unless
+  `ray_report_lines` asks for them. If the logger is gone it says so once and does nothing: a
+  console line is not worth a failed fit; tests/test_ray_seams.py checks it against a real fit.
 * `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
   `ActorDiedError` (or `RayTaskError`) carries as text (driver/failures.py). When a traceback ends
   without one, Ray's format changed: said once, and the whole text is used.
@@ -27,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import re
 from typing import Any
 
@@ -59,6 +69,9 @@ NCCL_HANG_ENV = {
     HANG_CONFIRM_ENV: "NCCL_RAS_CONFIRM_DURATION_S_ENV_VAR",
 }
 TRAIN_CONSTANTS_MODULE = "ray.train.v2._internal.constants"
+PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+REPORT_LOG_MODULE = "ray.train.v2._internal.execution.context"
+REPORT_LINE_PREFIX = "Reporting training result"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
 
 
@@ -128,6 +141,45 @@ def check_nccl_hang_env() -> None:
     piece = "switches on Ray Train's NCCL hang detector through the variables Ray Train reads on the driver"
     for ours, constant in NCCL_HANG_ENV.items():
         _same_as_rays(ours, TRAIN_CONSTANTS_MODULE, constant, piece, "Ray Train reads")
+
+
+@functools.cache
+def print_patch_env() -> str:
+    """The variable that switches Ray Train's print patch on workers, checked against Ray Train's name."""
+    piece = "keeps each line a worker prints to one copy by switching off Ray Train's print patch"
+    return _same_as_rays(
+        PRINT_PATCH_ENV, TRAIN_CONSTANTS_MODULE, "ENABLE_PRINT_PATCH_ENV_VAR", piece, "Ray Train reads"
+    )
+
+
+class _ReportLineFilter(logging.Filter):
+    """Drops Ray Train's INFO line per report; every warning and error passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not str(record.msg).startswith(REPORT_LINE_PREFIX)
+
+
+def hide_report_lines() -> bool:
+    """Keep Ray Train's per-report INFO line out of this worker's console. False (said once) when
+    Ray's logger for it is gone; nothing else changes then."""
+    try:
+        found = getattr(importlib.import_module(REPORT_LOG_MODULE), "logger", None)
+    except ImportError:
+        found = None
+    if not isinstance(found, logging.Logger):
+        _say_once(
+            f"Ray Train's per-report log line cannot be hidden: {REPORT_LOG_MODULE}.logger is gone, so each "
+            f"ray.train.report shows its metrics on every rank. {ADVICE}"
+        )
+        return False
+    if not any(isinstance(f, _ReportLineFilter) for f in found.filters):
+        found.addFilter(_ReportLineFilter())
+    return True
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    logger.warning(message)
 
 
 def remote_error_line(text: str) -> str | None:

@@ -14,7 +14,9 @@ RUN` after an outage that outlasted the fit:
   the fit, named by ormas-monitor's own MLflowSink (compat.MetricNaming) at the run's step
   (segment step + `step_offset`); `ormas/attempt` = the attempt index at the step each attempt
   starts from; the loop's metrics at their report's step; `ormas/checkpoint` = 1 at each
-  checkpoint's step.
+  checkpoint's step; at the fit's end, the whole run's counts (record/run_facts.py: `ormas/alarms`,
+  `ormas/repairs`, `ormas/channels_repaired`, ..., `ormas/segments`) once, at the run step where
+  the run's last segment ended: the values the run ends with.
 * **Sync**: what MLflow lacks (a multiset difference per metric and step, NaN equal to NaN, Inf
   as MLflow stores it) is sent; record segments and chosen checkpoints are uploaded as artifacts
   where missing; the final status is set. Running it twice adds nothing.
@@ -43,6 +45,7 @@ import pyarrow.fs as pafs
 from ray_ormas._internal.common import keys
 from ray_ormas._internal.record.layout import DIARY, JOURNAL_DIR, METRICS, join_parts, whole_name
 from ray_ormas._internal.record.reader import RunRecords
+from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import event_step
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.tracking.values import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
@@ -161,6 +164,22 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
         for line in records.store.read_lines(posixpath.join(seg.path, DIARY)):
             last = event_step(line, last)
             out += naming.entries("event", {"event": line.get("event"), "step": last + offset})
+    return out
+
+
+def run_count_entries(store: RecordStore) -> list[Entry]:
+    """The whole run's counts (record/run_facts.py), each once, at the run step where the run's
+    last segment ended: the values the MLflow run ends with (`ormas/alarms`, `ormas/repairs`,
+    `ormas/channels_repaired`, ..., `ormas/segments`), over every attempt whichever checkpoint
+    Ray resumed from."""
+    out: list[Entry] = []
+    for monitor in store.monitors():
+        facts = run_facts(store, monitor)
+        if not facts.segments:
+            continue
+        prefix = facts.segments[-1].metric_prefix
+        totals = {**{k: v for k, v in facts.totals.items() if k != "steps"}, keys.SEGMENTS: facts.attempts}
+        out += [(f"{prefix}/{name}", float(value), facts.run_step) for name, value in totals.items()]
     return out
 
 
@@ -446,6 +465,7 @@ def sync_fit(
         record_entries(records, journal["fit_id"], up_to_attempt)
         + loop_entries(journal)
         + fleet_entries(store, journal["fit_id"], up_to_attempt)
+        + (run_count_entries(store) if finished else [])
     )
     todo = missing_entries(client, run_id, expected)
     send_entries(client, run_id, todo)

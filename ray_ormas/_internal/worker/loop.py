@@ -1,7 +1,8 @@
 """The function each Ray Train worker runs: the user's loop inside a ray-ormas session.
 
 Built on the driver (driver/trainer.py) and pickled by Ray; on the worker it opens the session
-(session.py), turns on zero-change adoption for the length of the loop (worker/adoption.py), closes every
+(session.py), keeps Ray Train's per-report log line out of the console unless asked for
+(seams/ray_train.py), turns on zero-change adoption for the length of the loop (worker/adoption.py), closes every
 monitor when the loop returns or raises, and re-raises the loop's own exception unchanged.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from ray_ormas._internal.seams.ray_train import hide_report_lines
 from ray_ormas._internal.worker.adoption import Adoption
 from ray_ormas._internal.worker.plan import WorkerPlan
 from ray_ormas._internal.worker.session import WorkerSession, activate
@@ -24,6 +26,8 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
     takes_config = _accepts_config(user_fn)
 
     def train_fn(config: dict) -> Any:
+        if not plan.settings.ray_report_lines:
+            hide_report_lines()  # Ray Train's per-report line with the whole metrics dict, on every rank
         session = WorkerSession(plan)
         activate(session)
         adoption = Adoption(session)

@@ -2,8 +2,10 @@
 
 `RecordBuffer` is an ormas-monitor sink (`sink(kind, payload)`). ormas-monitor calls sinks on
 rank 0 only and only at checks, so it costs nothing on unsampled steps and nothing on other ranks.
-It keeps the latest metrics row and the events written since the last report; `rank0_metrics`
-turns them into flat `ormas/...` keys for `ray.train.report`.
+It keeps the latest metrics row and counts the events written since the last report;
+`rank0_metrics` turns them into flat `ormas/...` keys for `ray.train.report`. A report carries
+numbers only (the events themselves are in the record): Ray keeps every report's metrics, and a
+report stays a few hundred bytes however eventful the run.
 
 `rank_facts` is what every rank adds: its rank, the loss it last gave the monitor, and a digest
 of its parameters, so a reader can see that DDP replicas (and repairs) stayed identical.
@@ -26,9 +28,6 @@ from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.digest import parameter_digest
 
 progress = get_logger("ray_ormas.progress")
-
-EVENT_LIMIT = 200  # events carried per report; the rest are counted, and stay in the record
-_EVENT_FIELDS = ("seq", "event", "step", "layer", "severity", "count", "diagnosis")
 
 
 class ProgressPrinter:
@@ -62,12 +61,11 @@ class ProgressPrinter:
 
 
 class RecordBuffer:
-    """Sink that keeps rank 0's latest metrics row and the events since the last report."""
+    """Sink that keeps rank 0's latest metrics row and counts the events since the last report."""
 
     def __init__(self) -> None:
         self.latest_row: dict[str, Any] | None = None
-        self.pending: list[dict[str, Any]] = []
-        self.dropped = 0
+        self.new_events = 0  # since the last report
         self.certificates = 0
         self.record_errors = 0
         self.rows_written = 0  # metrics rows and diary lines so far: a checkpoint's
@@ -86,37 +84,36 @@ class RecordBuffer:
             self.certificates += 1
         elif event == "sink_error":
             self.record_errors += 1
-        if event in ("run_start", "run_end"):
-            return
-        if len(self.pending) < EVENT_LIMIT:
-            self.pending.append({k: payload[k] for k in _EVENT_FIELDS if k in payload})
-        else:
-            self.dropped += 1
+        if event not in ("run_start", "run_end"):
+            self.new_events += 1
 
-    def take_events(self) -> tuple[list[dict[str, Any]], int]:
-        events, dropped = self.pending, self.dropped
-        self.pending, self.dropped = [], 0
-        return events, dropped
+    def take_new_events(self) -> int:
+        """The events written since the last call (the last report)."""
+        count, self.new_events = self.new_events, 0
+        return count
 
     def __repr__(self) -> str:
         return "ray_ormas.RecordBuffer()"
 
 
 def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> dict[str, Any]:
-    """Flat `ormas/...` keys from rank 0's record: latest row, counts, and the events since the last report."""
+    """Flat `ormas/...` keys from rank 0's record: latest row, counts, and how many events the
+    record gained since the last report."""
     row = buffer.latest_row or {}
     stuck = row.get("stuck") or {}
-    events, dropped = buffer.take_events()
-    out: dict[str, Any] = {
-        prefix + keys.CHECK_STEP: row.get("step"),
-        prefix + keys.LOSS: row.get("loss"),
-        prefix + keys.STUCK_CHANNELS: sum(sum(v) for v in stuck.values()),
-        prefix + keys.STUCK_LAYERS: sum(1 for v in stuck.values() if sum(v)),
-        prefix + keys.CERTIFICATES: buffer.certificates,
-        prefix + keys.EVENTS: events,
-        prefix + keys.EVENTS_DROPPED: dropped,
-    }
-    out.update({f"{prefix}{k}": v for k, v in counts.items()})
+    # ormas-monitor's counters first: its `stuck_layers` counts episodes; the key here is the
+    # state at this check (layers with stuck channels now), beside `stuck_channels`.
+    out: dict[str, Any] = {f"{prefix}{k}": v for k, v in counts.items()}
+    out.update(
+        {
+            prefix + keys.CHECK_STEP: row.get("step"),
+            prefix + keys.LOSS: row.get("loss"),
+            prefix + keys.STUCK_CHANNELS: sum(sum(v) for v in stuck.values()),
+            prefix + keys.STUCK_LAYERS: sum(1 for v in stuck.values() if sum(v)),
+            prefix + keys.CERTIFICATES: buffer.certificates,
+            prefix + keys.NEW_EVENTS: buffer.take_new_events(),
+        }
+    )
     return out
 
 
