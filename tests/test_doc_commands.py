@@ -204,7 +204,7 @@ class RayHead:
             time.sleep(2)
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # `ray start --block` lingers on SIGTERM
             try:
                 os.killpg(self.proc.pid, sig)
                 self.proc.wait(timeout=wait)
