@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -140,3 +141,24 @@ def test_workers_print_each_line_once_unless_the_user_says_otherwise(monkeypatch
     assert _print_once(mine) is mine
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PRINT_PATCH", "1")
     assert _print_once(None) is None
+
+
+def test_a_renamed_print_patch_variable_is_said_and_the_fit_goes_on(monkeypatch, caplog):
+    import importlib
+
+    from ray_ormas._internal.driver import trainer
+    from ray_ormas._internal.seams import ray_train
+
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
+    constants = importlib.import_module(ray_train.TRAIN_CONSTANTS_MODULE)
+    monkeypatch.setattr(constants, "ENABLE_PRINT_PATCH_ENV_VAR", "RAY_TRAIN_PATCH_PRINT")
+    ray_train.print_patch_env.cache_clear()
+    trainer._say_once.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ray_ormas"):
+            assert trainer._print_once(None) is None and trainer._print_once({"pip": []}) == {"pip": []}
+    finally:
+        ray_train.print_patch_env.cache_clear()
+        trainer._say_once.cache_clear()
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "print patch" in said and "RAY_TRAIN_PATCH_PRINT" in said

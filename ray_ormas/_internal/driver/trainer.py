@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import inspect
 import os
 import uuid
@@ -72,6 +73,7 @@ from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_ex
 from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas._internal.worker.loop import wrap_train_loop
 from ray_ormas._internal.worker.plan import WorkerPlan
+from ray_ormas.errors import RaySeamChanged
 
 FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 
@@ -564,14 +566,24 @@ def _finish_fleet(ledger: Any) -> FleetSummary | None:
 def _print_once(worker_runtime_env: Any) -> Any:
     """The workers' runtime environment with Ray Train's print patch off (seams/ray_train.py): in
     Ray 2.60 it writes every line a worker prints to the console twice. A value the user set, in
-    `RunConfig(worker_runtime_env=...)` or in the driver's environment, is left as it is."""
-    name = print_patch_env()
+    `RunConfig(worker_runtime_env=...)` or in the driver's environment, is left as it is. If Ray
+    renamed the variable, that is said (once) and the workers print as Ray makes them."""
+    try:
+        name = print_patch_env()
+    except RaySeamChanged as e:  # a console nicety is not worth a failed fit
+        _say_once(str(e))
+        return worker_runtime_env
     env = dict(worker_runtime_env or {})
     env_vars = dict(env.get("env_vars") or {})
     if name in env_vars or name in os.environ:
         return worker_runtime_env
     env["env_vars"] = {**env_vars, name: "0"}
     return env
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    logger.warning("%s", message)
 
 
 def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet
 from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
+from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import diary_tail, read_link
 from ray_ormas._internal.record.store import RecordStorageError, RecordStore
 
@@ -247,8 +248,6 @@ class RunRecords:
         """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
         its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
         folder), and `fleet_checks.parquet` and `fleet_alarms.parquet` when there is a fleet record."""
-        from ray_ormas._internal.record.run_facts import run_facts
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
