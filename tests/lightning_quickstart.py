@@ -8,6 +8,7 @@ import ray.train.lightning
 import torch
 from torch.utils.data import DataLoader
 
+from .loops import nan_on_rank
 from .test_adoption import digits_dataset, lesioned_cnn
 
 # Ray Train's Lightning quickstart ("Get Started with Distributed Training using PyTorch
@@ -56,3 +57,9 @@ def lightning_train_func():
     )
     trainer = ray.train.lightning.prepare_trainer(trainer)
     trainer.fit(model, train_dataloaders=train_dataloader)
+
+
+def lightning_train_func_nan_on_rank_1():
+    """The quickstart, unchanged, with rank 1's loss NaN at its step 4 (fleet tests)."""
+    nan_on_rank(1, "DigitsCNN", at_forward=4)
+    lightning_train_func()

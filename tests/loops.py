@@ -7,6 +7,8 @@ Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import ray.train
@@ -31,7 +33,9 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     unreachable_port (every rank refuses connections to 127.0.0.1 at that port, e.g. the tracking
     server's, and checks that it cannot reach it).
 
-    Fleet health: slow_rank / slow_from / slow_s (that rank sleeps in its data loading from that
+    Fleet health: tiny (a 16-channel CNN whose forward takes about a millisecond, instead of the
+    digits CNN), spinners (rank 0 starts that many processes that spin on a CPU until the loop
+    ends, at most 5 minutes), slow_rank / slow_from / slow_s (that rank sleeps in its data loading from that
     step on), nudge_rank / nudge_at (that rank changes conv2's weights outside DDP after that step's
     update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
     rank raises Ray's NCCLHangError, as the hang detector would end the group).
@@ -44,7 +48,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         _refuse_port(config["unreachable_port"])
     x, y, _, _ = load_digits(0)
     x, y = x[rank::world], y[rank::world]
-    net = DigitsCNN()
+    net = tiny_cnn() if config.get("tiny") else DigitsCNN()
     if config.get("lesion"):
         lesion(net)
     model = ray_ormas.prepare_model(net)
@@ -52,6 +56,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     mon = ray_ormas.monitor(model, None if config.get("no_optimizer") else opt)
     steps = config.get("steps_by_rank", {}).get(str(rank), config.get("steps", 20))
     gen = torch.Generator().manual_seed(100 + rank)
+    spinners = _spinners(config.get("spinners", 0) if rank == 0 else 0)
     for step in range(steps):
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
@@ -98,18 +103,57 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
                     torch.save(model.state_dict(), f"{d}/model.pt")
                 checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
             ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
-    out: dict[str, Any] = {
-        "model_type": type(model).__name__,
-        "fleet_probe": mon._runtime._probe is not None,
-        "conv2_abs": float(net.conv2[0].weight.detach().abs().sum()),
-        "conv3_abs": float(net.conv3[0].weight.detach().abs().sum()),
-    }
+    for p in spinners:
+        p.kill()
+        p.wait()
+    out: dict[str, Any] = {"model_type": type(model).__name__, "fleet_probe": mon._runtime._probe is not None}
+    if isinstance(net, DigitsCNN):
+        out["conv2_abs"] = float(net.conv2[0].weight.detach().abs().sum())
+        out["conv3_abs"] = float(net.conv3[0].weight.detach().abs().sum())
     if config.get("close_in_loop"):
         closed = mon.close()
         if rank != 0 and closed is not None:
             raise AssertionError(f"close() returned {closed!r} on rank {rank}; expected None")
         out["closed"] = str(closed)
     return out
+
+
+def tiny_cnn() -> torch.nn.Module:
+    """One 16-channel Conv -> BatchNorm -> ReLU block and a linear head: about 1 ms forward."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 10)
+    )
+
+
+def nan_on_rank(rank: int, model_class: str, at_forward: int) -> None:
+    """From inside a worker: on world rank `rank`, the `at_forward`-th training forward (from 0)
+    of the modules of class `model_class` gives a NaN loss: an output with a `loss` gets that loss
+    times NaN, a tensor output is multiplied by NaN. The loop itself is unchanged; a global forward
+    hook does it, for the rest of the process."""
+    if ray.train.get_context().get_world_rank() != rank:
+        return
+    seen = [0]
+
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if type(module).__name__ != model_class or not module.training or not torch.is_grad_enabled():
+            return None
+        seen[0] += 1
+        if seen[0] - 1 != at_forward:
+            return None
+        if isinstance(output, torch.Tensor):
+            return output * float("nan")
+        output["loss"] = output["loss"] * float("nan")
+        return output
+
+    torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def _spinners(n: int) -> list[subprocess.Popen]:
+    """n processes that keep a CPU busy until killed, or for 5 minutes (so none outlives a test)."""
+    spin = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(n)]
 
 
 def _refuse_port(port: int) -> None:

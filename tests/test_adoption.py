@@ -32,6 +32,8 @@ import ray_ormas
 from ray_ormas import RayOrmasTrainer
 from ray_ormas.demo import DigitsCNN, lesion, load_digits
 
+from .loops import nan_on_rank
+
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
@@ -101,6 +103,42 @@ def train_func():
             )
         if ray.train.get_context().get_world_rank() == 0:
             print(metrics)
+
+
+def train_func_nan_on_rank_1():
+    """The quickstart, unchanged, with rank 1's loss NaN at the loop's step 5 (the monitor's step 4:
+    it follows from the loop's second step)."""
+    nan_on_rank(1, "DigitsCNN", at_forward=5)
+    train_func()
+
+
+def check_the_fleet_names_rank_1s_nan(result, step: int) -> None:
+    """The fleet had every rank's own loss at every check before the NaN, and its first alarm names
+    rank 1, whose loss was NaN at `step` (under DDP the NaN then reaches every rank)."""
+    fleet = result.ormas.fleet
+    alarm = next(a for a in fleet.alarms if a["kind"] == "nonfinite")
+    assert alarm["ranks"] == [1] and alarm["step"] == step and alarm["source"] == "loss", alarm
+    checks = ray_ormas.open_records(result.path).fleet_checks().to_pylist()
+    before = [r for r in checks if r["step"] < step]
+    assert before and all(isinstance(r["loss"], float) and math.isfinite(r["loss"]) for r in before), before
+    by_check: dict = {}
+    for r in before:
+        by_check.setdefault(r["check"], {})[r["rank"]] = r["loss"]
+    # Each rank's own: the ranks train on different shards, so their losses differ at every check.
+    assert all(len(losses) == 2 and losses[0] != losses[1] for losses in by_check.values()), by_check
+
+
+@pytest.mark.timeout(300)
+def test_the_quickstart_unchanged_gives_the_fleet_each_ranks_loss_and_a_nan_on_one_rank_is_named(storage):
+    trainer = RayOrmasTrainer(
+        train_func_nan_on_rank_1,
+        scaling_config=ray.train.ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="quickstart-nan", storage_path=str(storage)),
+        check_every=2,
+        verbose=False,
+        mlflow=False,
+    )
+    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)
 
 
 @pytest.mark.smoke
@@ -246,34 +284,41 @@ def test_accumulation_and_gradscaler_skips_the_monitor_sees_each_optimizer_step_
 
 
 def two_model_loop(config):
-    """A GAN-like loop: two models, two optimizers, one BCE loss module for both."""
+    """A GAN-like loop: two models, two optimizers, one BCE loss module for both (with
+    `own_losses`: a loss module each, the critic's and the generator's)."""
     torch.manual_seed(0)
     generator = ray.train.torch.prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh()))
     critic = ray.train.torch.prepare_model(
         torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     )
-    criterion = torch.nn.BCEWithLogitsLoss()
+    critic_loss = torch.nn.BCEWithLogitsLoss()
+    generator_loss = torch.nn.BCEWithLogitsLoss() if config.get("own_losses") else critic_loss
     opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
     opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
     for x, _ in batches(12):
         real = x.flatten(1)
         fake = generator(torch.randn(len(real), 8))
-        c_loss = criterion(critic(real), torch.ones(len(real), 1)) + criterion(
+        c_loss = critic_loss(critic(real), torch.ones(len(real), 1)) + critic_loss(
             critic(fake.detach()), torch.zeros(len(real), 1)
         )
         opt_c.zero_grad()
         c_loss.backward()
         opt_c.step()
-        g_loss = criterion(critic(fake), torch.ones(len(real), 1))
+        g_loss = generator_loss(critic(fake), torch.ones(len(real), 1))
         opt_g.zero_grad()
         g_loss.backward()
         opt_g.step()
 
 
 @pytest.mark.timeout(300)
-def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_there_is_no_loss(storage, caplog):
-    run = local_trainer(two_model_loop, storage, "two-models", check_every=1).fit().ormas
-    root = storage / "two-models" / "ormas"
+@pytest.mark.parametrize("own_losses", [False, True], ids=["one-loss-module", "a-loss-module-each"])
+def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_there_is_no_loss(
+    storage, caplog, own_losses
+):
+    name = f"two-models-{own_losses}"
+    trainer = local_trainer(two_model_loop, storage, name, check_every=1, train_loop_config={"own_losses": own_losses})
+    run = trainer.fit().ormas
+    root = storage / name / "ormas"
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["model", "sequential"]
     links = {
         name: json.loads((root / name / "segment-000" / "segment.json").read_text()) for name in ("model", "sequential")
@@ -286,6 +331,12 @@ def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_t
     assert generator["loss"] is None and "no loss module took the model's output" in generator["loss_note"]
     assert run.final["ormas/steps_per_rank"] == [11]
     assert verify_run(root / "model" / "segment-000").ok and verify_run(root / "sequential" / "segment-000").ok
+    # No row of either record carries a loss: not the critic's first one either, which the
+    # generator's loss (computed through the critic, into the shared loss module) once reached.
+    rows = ray_ormas.open_records(storage / name).metrics().to_pylist()
+    assert len(rows) == 2 * 11 and {r["monitor"] for r in rows} == {"model", "sequential"}
+    assert [r for r in rows if r["loss"] is not None and not math.isnan(r["loss"])] == []
+    assert run.final.get("ormas/loss") is None, run.final
 
 
 def functional_loss_loop(config):

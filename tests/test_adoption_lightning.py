@@ -9,7 +9,13 @@ from ray.train import RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer
 
-from .test_adoption import check_one_record_one_run_and_the_fleet, diary, digits_dataset, events
+from .test_adoption import (
+    check_one_record_one_run_and_the_fleet,
+    check_the_fleet_names_rank_1s_nan,
+    diary,
+    digits_dataset,
+    events,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -46,3 +52,18 @@ def test_a_lightning_module_on_ray_gets_ormas_monitors_own_callback_on_every_ran
     pointer = result.checkpoint.get_metadata()["ormas"]["model"]
     assert pointer["run_steps"] == 2 * per_epoch
     assert diary(run.record_dir)[pointer["events"] - 1]["hash"] == pointer["last_hash"]
+
+
+@pytest.mark.timeout(300)
+def test_the_lightning_quickstart_gives_the_fleet_each_ranks_loss_and_a_nan_on_one_rank_is_named(storage):
+    from .lightning_quickstart import lightning_train_func_nan_on_rank_1
+
+    trainer = RayOrmasTrainer(
+        lightning_train_func_nan_on_rank_1,
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(name="lightning-nan", storage_path=str(storage)),
+        check_every=2,
+        verbose=False,
+        mlflow=False,
+    )
+    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)

@@ -8,7 +8,7 @@ from ray.train import RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer
 
-from .test_adoption import check_one_record_one_run_and_the_fleet
+from .test_adoption import check_one_record_one_run_and_the_fleet, check_the_fleet_names_rank_1s_nan
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -38,3 +38,19 @@ def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every
     assert kinds == ["user", "user", "final"]  # RayTrainReportCallback: one per epoch (on_save)
     pointer = result.checkpoint.get_metadata()["ormas"]["model"]
     assert pointer["run_steps"] == run.final["ormas/steps_per_rank"][0] > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_transformers_quickstart_gives_the_fleet_each_ranks_loss_and_names_a_nan_on_one_rank(storage, monkeypatch):
+    monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
+    from .transformers_quickstart import transformers_train_func_nan_on_rank_1
+
+    trainer = RayOrmasTrainer(
+        transformers_train_func_nan_on_rank_1,
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(name="transformers-nan", storage_path=str(storage)),
+        check_every=2,
+        verbose=False,
+        mlflow=False,
+    )
+    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)

@@ -21,6 +21,7 @@ from ray_ormas._internal.seams import ormas as compat
 from ray_ormas._internal.seams.ormas import (
     GLOBAL_NORMS_NOTE,
     OWN_FSDP_NOTE,
+    LossTap,
     MetricNaming,
     OrmasCompatError,
     ShardedGradientMonitor,
@@ -218,3 +219,27 @@ def test_micro_step_losses_are_averaged_on_the_device_and_keep_the_graph_when_as
     assert window.take_mean() is None
     window.add(last)  # one micro-batch: its loss as it is, no device op
     assert window.take_mean() is last and window.take_mean() is None
+
+
+# ------------------------------------------------------------------ the loss a callback hands its monitor
+def test_the_loss_tap_keeps_the_loss_handed_to_the_monitor_and_a_changed_monitor_fails_loudly(tmp_path):
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    monitor = Monitor(model, out=str(tmp_path / "run"), verbose=False)
+    tap = LossTap(monitor)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    monitor.note_loss(loss)  # as ormas-monitor's Transformers callback does
+    monitor.step()
+    assert tap.take() is loss and tap.take() is None  # once
+    monitor.step(loss.detach() * 2)
+    assert float(tap.take()) == float(loss) * 2
+    assert monitor.step_count == 2
+    monitor.close()
+
+    class Renamed(Monitor):  # a release whose note_loss takes the loss under another name
+        def note_loss(self, value):  # type: ignore[override]
+            super().note_loss(value)
+
+    with pytest.raises(OrmasCompatError, match="Monitor.note_loss takes no `loss`"):
+        LossTap(Renamed.__new__(Renamed))

@@ -142,7 +142,7 @@ NOT_DEFAULT = {
         "enabled": (True, True),
         "slow_score": (0.7, 0.7),
         "slow_checks": (5, 5),
-        "min_excess": (0.2, 0.2),
+        "min_excess": (0.3, 0.3),
         "divergence": (False, False),
         "ray_metrics": (False, False),
         "mlflow_ranks": (8, 8),

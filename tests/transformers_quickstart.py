@@ -9,6 +9,8 @@ import transformers
 
 from ray_ormas.demo import load_digits
 
+from .loops import nan_on_rank
+
 # Ray Train's Hugging Face Transformers quickstart ("Get Started with Distributed Training using
 # Hugging Face Transformers"), unchanged but for the model (a tiny BERT built from a config) and
 # the data (token ids made from the digits' pixel levels).
@@ -66,3 +68,9 @@ def transformers_train_func():
     trainer = ray.train.huggingface.transformers.prepare_trainer(trainer)
     # Start Training
     trainer.train()
+
+
+def transformers_train_func_nan_on_rank_1():
+    """The quickstart, unchanged, with rank 1's loss NaN at its step 4 (fleet tests)."""
+    nan_on_rank(1, "BertForSequenceClassification", at_forward=4)
+    transformers_train_func()

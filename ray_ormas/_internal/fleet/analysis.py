@@ -103,6 +103,7 @@ class FleetAnalyzer:
                 "data_s": f.get("data_s"),
                 "forward_s": f.get("forward_s"),
                 "wall_s": f.get("wall_s"),
+                "timed_steps": f.get("timed_steps"),
                 "loss": f.get("loss"),
                 "nonfinite": bool(f.get("nonfinite_loss") or f.get("nonfinite_layers")),
                 "digest": f.get("digest"),

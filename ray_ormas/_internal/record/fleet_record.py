@@ -44,6 +44,7 @@ CHECK_FIELDS = (
     "data_s",
     "forward_s",
     "wall_s",
+    "timed_steps",
     "loss",
     "nonfinite",
     "digest",

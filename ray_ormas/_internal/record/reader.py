@@ -80,6 +80,7 @@ FLEET_CHECKS_SCHEMA = pa.schema(
         ("data_s", pa.float64()),
         ("forward_s", pa.float64()),
         ("wall_s", pa.float64()),
+        ("timed_steps", pa.int64()),
         ("loss", pa.float64()),
         ("nonfinite", pa.bool_()),
         ("digest", pa.string()),

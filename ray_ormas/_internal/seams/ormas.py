@@ -33,6 +33,14 @@ piece, the upstream change that would let it go.
   with another signature -> `OrmasCompatError`; the manifest override raises it too when the
   FSDP note it replaces is not there.
 
+* `LossTap` (public methods wrapped on one instance; checked when it is put on): ormas-monitor's
+  Transformers callback hands its monitor the step's loss with `Monitor.note_loss(loss)` before
+  `Monitor.step()`, and gives it to no one else, while the fleet needs each rank's loss at each
+  check. The tap wraps `note_loss` and `step` on that one monitor and keeps the loss either
+  received, so the Transformers callback gives its rank's loss to the fleet
+  (worker/integrations/transformers.py). A Monitor without a callable `note_loss` or `step`
+  taking a loss -> `OrmasCompatError`.
+
 The micro-step loss window (gradient accumulation) is ray-ormas's own (`worker/micro_steps.py`).
 """
 
@@ -250,3 +258,39 @@ def _shard_groups(grad: Any) -> list[Any]:
     """Process groups of the mesh dimensions along which `grad` is sharded (replicas are not summed)."""
     mesh = grad.device_mesh
     return [mesh.get_group(dim) for dim, placement in enumerate(grad.placements) if placement.is_shard()]
+
+
+# ------------------------------------------------------------------ the loss a callback hands its monitor
+class LossTap:
+    """The loss an integration hands one monitor at a step, through `note_loss(loss)` or
+    `step(loss)`; `take()` returns it once (None when the step had none)."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        for method in ("note_loss", "step"):
+            signature = inspect.signature(getattr(type(monitor), method, None) or (lambda: None))
+            if "loss" not in signature.parameters:
+                raise OrmasCompatError(
+                    _changed(
+                        "reads the loss ormas-monitor's Transformers callback gives its monitor",
+                        f"Monitor.{method} takes no `loss`",
+                        "",
+                    )
+                )
+        self._loss: Any = None
+        noted, stepped = monitor.note_loss, monitor.step
+
+        def note_loss(loss: Any) -> None:
+            self._loss = loss
+            noted(loss)
+
+        def step(loss: Any = None) -> None:
+            if loss is not None:
+                self._loss = loss
+            stepped(loss)
+
+        monitor.note_loss = note_loss
+        monitor.step = step
+
+    def take(self) -> Any:
+        loss, self._loss = self._loss, None
+        return loss

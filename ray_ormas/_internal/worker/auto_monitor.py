@@ -105,10 +105,14 @@ class _Follower:
             self.monitor.micro_step(output)
 
     def drop_loss_module(self) -> None:
+        """Stop taking losses from the loss module, and forget those taken since the last step:
+        the loss module was shared, so they may be another model's (the generator's loss, computed
+        through the discriminator, reaches the discriminator's loss module too)."""
         if self.loss_module is not None and self._handle is not None:
             self._handle.remove()
             self._handle = None
             self.loss_module = None
+            self.monitor.discard_micro_steps()
 
     def remove(self) -> None:
         if self._handle is not None:

@@ -1,16 +1,22 @@
-"""One rank's fleet facts, measured around the monitor's sampled steps and sent to the head node.
+"""One rank's fleet facts, measured over the steps before each of the monitor's checks and sent
+to the head node.
 
-Runs on every rank, attached to the main monitor (worker/session.py). On an unsampled step it costs a
-flag test; the hooks exist only from the end of the step before a sampled one to that sampled
-step's check:
+Runs on every rank, attached to the main monitor (worker/session.py). Timings are the mean of the
+last `timed_steps(check_every)` steps up to a check (up to TIMED_STEPS) are timed, and a check
+carries the median of each timing over them: a rank descheduled for a few milliseconds in one or
+two of those steps (a busy node) keeps its usual time, and a rank that is slow at every step shows
+it whole. Outside that window
+an unsampled step costs a flag test and a modulo; the hooks exist only inside it:
 
-    ... step k-1 ends (mon.step returns)     -> clock read; hooks armed
+    ... step k-1 ends (mon.step returns)     -> clock read; hooks armed (the window's first step)
     DDP wrapper's forward pre-hook           -> data_s    = now - end of step k-1
     inner module's forward pre/post hooks    -> forward_s = the forward passes' own time
     mon.step(loss) of step k is called       -> wall_s    = now - end of step k-1
-    the monitor's check has run              -> loss, digest, non-finite gradients: one host
-                                                read per device; the facts go to the run ledger
-                                                with an actor call that is never awaited
+    ... the same for each step of the window, up to the sampled step s ...
+    the monitor's check of s has run         -> the medians over the window's steps; loss, digest, non-finite
+                                                gradients: one host read per device; the facts go
+                                                to the run ledger with an actor call that is never
+                                                awaited
 
 `data_s` covers everything between two steps (loading, host-to-device copy, the previous
 optimizer step); `forward_s` is the forward compute alone: the hook sits inside DDP's wrapper,
@@ -29,8 +35,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -40,7 +47,14 @@ from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, rea
 from ray_ormas._internal.worker.reporting import loss_value
 
 GROUPS = 64  # the parameter list is cut into at most this many digest groups
+TIMED_STEPS = 8  # a check carries the median timings of at most this many steps up to it
 NONFINITE_LAYERS_SHOWN = 8
+
+
+class _StepTimes(NamedTuple):
+    data_s: float | None
+    forward_s: float
+    wall_s: float
 
 
 class RankProbe:
@@ -58,22 +72,23 @@ class RankProbe:
         self._cuda = first is not None and first.is_cuda
         self._handles: list[Any] = []
         self._t_end = time.perf_counter()  # step 0 is sampled: its data time runs from here (warm-up)
-        self._t_step: float | None = None
-        self._data_s: float | None = None
-        self._forward_s = 0.0
+        self._data_s: float | None = None  # of the step in progress
+        self._forward_s = 0.0  # of the step in progress (host clock)
+        self._step_open = False  # a step of the window has begun and its mon.step() is not yet called
+        self._timed: list[_StepTimes] = []  # the window's closed steps
         self._forwards = 0
         self._started: Any = None
-        self._events: list[tuple[Any, Any]] = []
+        self._events: list[tuple[int, Any, Any]] = []  # (step of the window, start, end): CUDA
         self._group_names: list[list[str]] | None = None
         self.armed = False
         self.arm()
 
     # ------------------------------------------------------------------ timing
     def arm(self) -> None:
-        """The next step is sampled: start its clock and put the hooks on."""
-        self._t_end = time.perf_counter()
-        self._t_step = self._data_s = self._started = None
-        self._forward_s, self._forwards, self._events = 0.0, 0, []
+        """The window before the next check begins with the next step: start its clock and put
+        the hooks on."""
+        self._timed, self._forwards, self._events = [], 0, []
+        self._open_step()
         if not self._handles:
             self._handles = [
                 self._outer.register_forward_pre_hook(self._outer_pre),
@@ -83,8 +98,26 @@ class RankProbe:
         self.armed = True
 
     def step_called(self) -> None:
-        """mon.step() of a sampled step was called: the rank's step is done but for the check."""
-        self._t_step = time.perf_counter()
+        """mon.step() of a step in the window was called: the rank's step is done but for the
+        monitor's own work."""
+        if self._step_open:
+            self._step_open = False
+            wall = time.perf_counter() - self._t_end
+            self._timed.append(_StepTimes(self._data_s, self._forward_s, wall))
+
+    def between_steps(self, next_step: int, check_every: int) -> None:
+        """mon.step() of a step that was not checked has returned: the next step of the window
+        begins, or the window begins if the next check is `timed_steps` steps away."""
+        if self.armed:
+            self._open_step()
+        elif (next_step + timed_steps(check_every) - 1) % check_every == 0:
+            self.arm()
+
+    def _open_step(self) -> None:
+        self._t_end = time.perf_counter()
+        self._data_s = self._started = None
+        self._forward_s = 0.0
+        self._step_open = True
 
     def _training(self, module: nn.Module) -> bool:
         return module.training and torch.is_grad_enabled()
@@ -109,7 +142,7 @@ class RankProbe:
         if self._cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._events.append((self._started, end))
+            self._events.append((len(self._timed), self._started, end))
         else:
             self._forward_s += time.perf_counter() - self._started
         self._forwards += 1
@@ -125,10 +158,10 @@ class RankProbe:
     def checked(self, check: int, step: int, loss: torch.Tensor | float | None) -> None:
         """The monitor's check of `step` has run: read this rank's facts, send them, take the
         hooks off. Never raises: telemetry never breaks training."""
-        wall = time.perf_counter() - self._t_end if self._t_step is None else self._t_step - self._t_end
+        self.step_called()  # a check from a path that did not say the step was called
         self._disarm()
         try:
-            facts = self._facts(check, step, loss, wall)
+            facts = self._facts(check, step, loss)
         except Exception as e:  # telemetry never breaks training; the head names this rank, once
             if not self._unreadable_said:
                 self._unreadable_said = True
@@ -140,10 +173,14 @@ class RankProbe:
         except Exception:  # a gone ledger: the next check tries again
             pass
 
-    def _facts(self, check: int, step: int, loss: torch.Tensor | float | None, wall: float) -> dict[str, Any]:
-        forward = self._forward_s
+    def _facts(self, check: int, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
+        timed = self._timed or [_StepTimes(self._data_s, self._forward_s, time.perf_counter() - self._t_end)]
         if self._events:  # the monitor's check has synchronized the device
-            forward = sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
+            device = [0.0] * len(timed)
+            for i, start, end in self._events:
+                device[min(i, len(timed) - 1)] += start.elapsed_time(end) / 1000.0
+            timed = [t._replace(forward_s=f) for t, f in zip(timed, device)]
+        datas = [t.data_s for t in timed if t.data_s is not None]
         digest, groups, bad_layers = self._readings()
         loss_now = loss_value(loss)
         facts = {
@@ -151,9 +188,10 @@ class RankProbe:
             "node": self._node,
             "check": check,
             "step": step,
-            "data_s": self._data_s,
-            "forward_s": forward if self._forwards else None,
-            "wall_s": wall,
+            "data_s": statistics.median(datas) if datas else None,
+            "forward_s": statistics.median(t.forward_s for t in timed) if self._forwards else None,
+            "wall_s": statistics.median(t.wall_s for t in timed),
+            "timed_steps": len(self._timed),
             "forwards": self._forwards,
             "loss": loss_now,
             "nonfinite_loss": loss_now is not None and not math.isfinite(loss_now),
@@ -186,6 +224,11 @@ class RankProbe:
                 if layer not in bad:
                     bad.append(layer)
         return digest_of(labels, raw), groups, bad[:NONFINITE_LAYERS_SHOWN]
+
+
+def timed_steps(check_every: int) -> int:
+    """How many steps up to a check are timed for it."""
+    return max(1, min(TIMED_STEPS, check_every))
 
 
 def _name(label: str) -> str:

@@ -193,6 +193,12 @@ class MonitorRuntime:
         self._window.add(loss)
         self._micro_steps = True
 
+    def discard_micro_steps(self) -> None:
+        """Forget the micro-step losses taken since the last step (zero-change mode: they may be
+        another model's, worker/auto_monitor.py)."""
+        self._window = MicroStepLosses()
+        self._micro_steps = False
+
     def step(self, loss: torch.Tensor | float | None = None) -> None:
         """Once per optimizer step: after `loss.backward()`, before `optimizer.step()`. With
         gradient accumulation, after the last micro-step's backward, without a loss."""
@@ -221,14 +227,12 @@ class MonitorRuntime:
             # the next step, and free it inside the next mon.step() instead of where the loop drops it.
             self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) and loss.requires_grad else loss
         if monitor.checks == checks:
-            if probe is not None and monitor.step_count % monitor.check_every == 0:
-                probe.arm()  # the next step is sampled
+            if probe is not None:
+                probe.between_steps(monitor.step_count, monitor.check_every)
             return  # an unsampled step: nothing more to do
         if probe is not None:
-            step = monitor.step_count - 1
-            probe.checked(monitor.checks - 1, step, loss)
-            if monitor.step_count % monitor.check_every == 0:
-                probe.arm()
+            probe.checked(monitor.checks - 1, monitor.step_count - 1, loss)
+            probe.between_steps(monitor.step_count, monitor.check_every)
         if self.record_dir is not None:
             flush_metrics(monitor)  # the row is on disk before the next step can crash
         every = self._session.plan.settings.report_every

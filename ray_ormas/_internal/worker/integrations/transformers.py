@@ -13,7 +13,8 @@ Hooks relied on:
 * ormas-monitor's Transformers `OrmasMonitorCallback`, extended, not changed: `on_train_begin`
   builds its `Monitor` through ray-ormas (rank 0's segment folder, ray-ormas's sinks, the
   trainer's settings); `on_pre_optimizer_step` is wrapped with the fleet's clock before and the
-  row flush, fleet facts and periodic reports after; `on_train_end` closes the monitor as
+  row flush, fleet facts (with the loss the callback handed its monitor, seams/ormas.py
+  `LossTap`) and periodic reports after; `on_train_end` closes the monitor as
   ormas-monitor does. When training raises, ray-ormas closes it (`close()`), since the Trainer
   has no exception hook. Ray's `RayTrainReportCallback` reports through `ray.train.report`,
   routed through ray-ormas (worker/report_route.py).
@@ -37,6 +38,7 @@ except ImportError as e:
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
+from ray_ormas._internal.seams.ormas import LossTap
 from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import Attach
 from ray_ormas._internal.worker.session import current_session
@@ -62,6 +64,7 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
         super().__init__(to_loggers=to_loggers, write_report=True)
         self.name = check_monitor_name(name)
         self.worker: MonitorRuntime | None = None
+        self._loss_tap: LossTap | None = None
         self._trainings = 0
 
     def on_train_begin(
@@ -82,6 +85,7 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
         def build(monitor_kwargs: dict[str, Any]) -> Any:
             self.monitor_kwargs = monitor_kwargs
             OrmasMonitorCallback.on_train_begin(self, args, state, control, model=model, optimizer=optimizer, **kwargs)
+            self._loss_tap = LossTap(self.monitor)  # the rank's loss, for the fleet
             return self.monitor
 
         facts = {
@@ -104,7 +108,7 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
             return
         checks = worker.before_step()
         super().on_pre_optimizer_step(args, state, control, **kwargs)
-        worker.after_step(checks, None)
+        worker.after_step(checks, self._loss_tap.take() if self._loss_tap is not None else None)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_train_end(args, state, control, **kwargs)
