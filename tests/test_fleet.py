@@ -24,6 +24,7 @@ from ray_ormas._internal.fleet.analysis import FleetAnalyzer, _median_without
 from ray_ormas._internal.head.fleet_metrics import EXPORTED
 
 from .loops import digits_loop
+from .test_adoption import check_the_fleet_names_rank_1s_nan
 
 CHECK_EVERY = 5
 
@@ -155,6 +156,7 @@ def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(storage):
     [alarm] = alarms(result, "nonfinite")
     assert alarm["ranks"] == [1] and alarm["step"] == 15 and alarm["source"] == "loss"
     assert alarm["layer"] == "conv1.0" and "non-finite loss on rank(s) [1] at step 15" in alarm["message"]
+    check_the_fleet_names_rank_1s_nan(result, step=15)  # the explicit API: each rank's own loss before
 
 
 @pytest.mark.usefixtures("ray_cluster")
