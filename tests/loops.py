@@ -198,7 +198,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
     each checkpoint report and returns the line counts it saw), upload_mode (Ray's
     CheckpointUploadMode by name, e.g. "ASYNC"), done_marker + sleep_after (rank 0 creates that
-    file after its last report and sleeps that long before returning).
+    file after its last report and sleeps that long before returning), slow_rank + slow_s (that
+    rank sleeps that long before every step).
     """
     import signal
     import time
@@ -231,6 +232,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
                 os.kill(os.getpid(), signal.SIGKILL)
             if config.get("sleep_per_step"):
                 time.sleep(config["sleep_per_step"])
+            if rank == config.get("slow_rank"):
+                time.sleep(config["slow_s"])  # a slow data loader on this rank only (fleet health)
             if rank == 0 and step == config.get("kill_server_at"):
                 os.killpg(config["server_pgid"], signal.SIGKILL)
             loss = F.cross_entropy(model(xb + 0.05 * torch.randn_like(xb)), yb)

@@ -116,6 +116,14 @@ def test_report_and_export_commands(tmp_path):
     # 11 steps checked at 0, 5, 10 (cut short: 3 checks, steps up to the last check) + 6 steps (0, 5)
     assert "model: the whole run: 2 segments to run step 26: 5 checks" in run.stdout, run.stdout
     assert (tmp_path / "out" / "model" / "segment-001" / "report.html").is_file()
+    # The run's page, beside the rebuilt reports and in the record; the crashed segment is marked.
+    assert f"run page: {tmp_path / 'out' / 'run.html'}" in run.stdout
+    assert f"run page in the record: {tmp_path / 'runs' / 'r' / 'ormas' / 'run.html'}" in run.stdout
+    page = (tmp_path / "out" / "run.html").read_text()
+    assert page == (tmp_path / "runs" / "r" / "ormas" / "run.html").read_text()
+    assert "data-segment='0' data-attempt='0' data-complete='false'" in page
+    assert "data-segment='1' data-attempt='1' data-complete='true'" in page
+    assert "attempt 0, 1 rank: incomplete" in page and "href='model/segment-001/report.html'" in page
     run = subprocess.run(
         [sys.executable, "-m", "ray_ormas", "export", f"file://{tmp_path}/runs/r", "--out", str(tmp_path / "pq")],
         capture_output=True,

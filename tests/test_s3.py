@@ -104,6 +104,12 @@ def test_a_run_on_s3_survives_a_killed_rank_0_and_reads_back(s3, ray_cluster, tm
     assert [p.name for p in copied] == ["segment-000", "segment-001"]
     assert verify_run(copied[1]).ok and (copied[1] / "report.html").is_file()
     assert {c.name: c.status for c in verify_run(copied[0]).checks}["chain"] == "pass"
+    # The run's page: written in S3 by the fit's end and again by the command, and beside the copies.
+    assert run.run_page == f"{storage}/s3run/ormas/run.html"
+    assert f"run page in the record: {storage}/s3run/ormas/run.html" in done.stdout
+    in_s3 = b"".join(s3_lines(f"{storage}/s3run/ormas/run.html")).decode()
+    assert in_s3.replace("\n", "") == (reports / "run.html").read_text().replace("\n", "")
+    assert "data-complete='false'" in in_s3 and "href='model/segment-001/report.html'" in in_s3
     export = tmp_path / "export"
     done = subprocess.run(
         [RAY_ORMAS, "export", f"{storage}/s3run", "--out", str(export)], capture_output=True, text=True, timeout=180

@@ -2,7 +2,7 @@
 
     ray-ormas train CONFIG.yaml [--set key=value ...] [--dry-run]   train as the config says
     ray-ormas demo                       the digits demo on a local Ray cluster
-    ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment, from run storage
+    ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment and the run's page, from run storage
     ray-ormas export RUN --out DIR       events, metrics and segments .parquet (fleet_* with a fleet)
     ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage)
 
@@ -195,6 +195,15 @@ def _report(records, out: Path, monitor: str | None) -> int:
     for name in records.monitors() if monitor is None else [monitor]:
         print(whole_run_line(run_facts(records.store, name)))
     _fleet_report(records)
+    from ray_ormas._internal.driver.run_page import write_run_page
+
+    # Beside the rebuilt reports (its links to them work there, for a run on object storage too),
+    # and in the record.
+    print(f"run page: {write_run_page(records, to=out)}")
+    try:
+        print(f"run page in the record: {write_run_page(records)}")
+    except OSError as e:
+        logger.warning("the record at %s could not take run.html (%s: %s)", records.store.shown(), type(e).__name__, e)
     return 1 if failed else 0
 
 

@@ -71,7 +71,9 @@ def layer_table(store: RecordStore, segments: list[str]) -> list[dict[str, Any]]
     return table
 
 
-def render(store: RecordStore, records: dict[str, str], mlflow: str | None, fleet: Any = None) -> str:
+def render(
+    store: RecordStore, records: dict[str, str], mlflow: str | None, fleet: Any = None, run_page: str | None = None
+) -> str:
     """The summary of a finished fit: a layer table per monitor, the fleet's per-rank table
     (a FleetSummary, when fleet health was on), then where everything is."""
     out = []
@@ -98,6 +100,8 @@ def render(store: RecordStore, records: dict[str, str], mlflow: str | None, flee
         for a in fleet.alarms:
             out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
         out.append(f"  fleet record: {fleet.record}")
+    if run_page:
+        out.append(f"run page: {run_page}")
     out.append(f"MLflow: {mlflow}" if mlflow else "MLflow: off")
     return "\n".join(out)
 

@@ -97,7 +97,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
     mlflow = mlflow_line(run)
     final = {k: v for k, v in (result.metrics or {}).items() if not keys.is_ormas(k)}
     say(f"finished in {time.monotonic() - started:.0f} s; final metrics: {json.dumps(final, default=str)}")
-    print(render(run.store, run.records, mlflow, run.fleet), flush=True)
+    print(render(run.store, run.records, mlflow, run.fleet, run.run_page), flush=True)
     return 0
 
 

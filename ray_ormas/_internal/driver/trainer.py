@@ -58,6 +58,7 @@ from ray_ormas._internal.driver.capacity import check_capacity
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import every_wrapped
 from ray_ormas._internal.driver.paths import resolve_location
+from ray_ormas._internal.driver.run_page import write_run_page
 from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
 from ray_ormas._internal.head.ledger import RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
@@ -112,6 +113,9 @@ class OrmasRun:
             None when it is off (`fleet=False`, or a single worker).
         not_uploaded: on object storage, one message per segment that storage could not take
             by the end of the fit, naming the node and folder that hold its local copy.
+        run_page: the run on one page (`run.html` at the record's root: attempts, metrics,
+            layers, fleet health, whole-run facts), as the store shows it; None when it could not
+            be written (a warning says why). `ray-ormas report RUN` writes it again.
     """
 
     store: RecordStore
@@ -127,6 +131,7 @@ class OrmasRun:
     mlflow_complete: bool | None = None
     fleet: FleetSummary | None = None
     not_uploaded: list[str] = field(default_factory=list)
+    run_page: str | None = None
 
     def digests(self, key: str = keys.PREFIX + keys.PARAM_DIGEST) -> list[list[str | None]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""
@@ -408,19 +413,23 @@ class RayOrmasTrainer:
             if hang is not None:
                 ledger.fleet_error.remote(hang)
             _finish_fleet(ledger)
+            _write_run_page(self.store)
             self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
             raise
         else:
             snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
             staging_left = sweep(self.store, snapshot["staged"])
             fleet_summary = _finish_fleet(ledger)
+            run_page = _write_run_page(self.store)  # before the MLflow run closes: its last sync uploads it
             outcome = self._finish_tracking(
                 ledger, "FINISHED", None, result.checkpoint.path if result.checkpoint else None
             )
         finally:
             ray.kill(ledger, no_restart=True)
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
-        run = dataclasses.replace(_ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left)
+        run = dataclasses.replace(
+            _ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left, run_page=run_page
+        )
         if continuation is not None and _trained_nothing(snapshot):
             logger.warning("%s", continuation.nothing_trained())
         if outcome is not None:
@@ -553,6 +562,21 @@ def _sweep_staging(ledger: Any, store: RecordStore) -> None:
         sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
     except Exception as e:  # only a courtesy on the way out: the training error propagates as it is
         logger.warning("could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
+
+
+def _write_run_page(store: RecordStore) -> str | None:
+    """The run on one page, in the record (driver/run_page.py); never in the way of the fit."""
+    try:
+        return write_run_page(RunRecords(store))
+    except Exception as e:
+        logger.warning(
+            "could not write the run's page (run.html) in %s (%s: %s); `ray-ormas report %s` writes it again",
+            store.shown(),
+            type(e).__name__,
+            e,
+            store.shown(),
+        )
+        return None
 
 
 def _finish_fleet(ledger: Any) -> FleetSummary | None:

@@ -10,6 +10,7 @@ of these names: every other module takes them from here.
           report.html, ...                        REPORT: ormas-monitor's reports, at the end
           diary.jsonl.parts/0000000000000000      on object storage, a file still open: sent in parts
       fleet/<fit id>/                             FLEET_DIR: fleet.json, checks.jsonl, alarms.jsonl
+      run.html                                    RUN_PAGE: the run on one page (driver/run_page.py)
       .mlflow/<fit id>.json                       JOURNAL_DIR: the fit's MLflow journal (tracking/sync.py)
 
 A checkpoint's Ray metadata holds the record pointer under CHECKPOINT_KEY. Plain Python.
@@ -29,6 +30,7 @@ SEGMENT_FORMAT = "ray-ormas-segment"
 DIARY = "diary.jsonl"
 METRICS = "metrics.jsonl"
 REPORT = "report.html"
+RUN_PAGE = "run.html"
 FLEET_DIR = "fleet"
 FLEET_META = "fleet.json"
 FLEET_CHECKS = "checks.jsonl"

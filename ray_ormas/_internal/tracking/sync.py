@@ -18,8 +18,8 @@ RUN` after an outage that outlasted the fit:
   `ormas/repairs`, `ormas/channels_repaired`, ..., `ormas/segments`) once, at the run step where
   the run's last segment ended: the values the run ends with.
 * **Sync**: what MLflow lacks (a multiset difference per metric and step, NaN equal to NaN, Inf
-  as MLflow stores it) is sent; record segments and chosen checkpoints are uploaded as artifacts
-  where missing; the final status is set. Running it twice adds nothing.
+  as MLflow stores it) is sent; record segments, the run's page (`run.html`) and chosen
+  checkpoints are uploaded as artifacts where missing; the final status is set. Running it twice adds nothing.
 
 Hooks relied on: `MlflowClient` (`get_metric_history`, `log_batch`, `list_artifacts`,
 `log_artifact(s)`, `log_dict`, `set_terminated`), the record layout (record/store.py, record/segments.py).
@@ -43,7 +43,7 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 from ray_ormas._internal.common import keys
-from ray_ormas._internal.record.layout import DIARY, JOURNAL_DIR, METRICS, join_parts, whole_name
+from ray_ormas._internal.record.layout import DIARY, JOURNAL_DIR, METRICS, RUN_PAGE, join_parts, whole_name
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import event_step
@@ -397,6 +397,23 @@ def upload_segments(client: Any, run_id: str, records: RunRecords, fit_id: str) 
     return n
 
 
+def upload_run_page(client: Any, run_id: str, store: RecordStore) -> int:
+    """The run's page (`run.html` at the record's root, driver/run_page.py) as `ormas/run.html`,
+    when the run lacks it or holds another version of it; return 1 if uploaded."""
+    path = posixpath.join(store.root, RUN_PAGE)
+    info = store.filesystem.get_file_info(path)
+    if info.type != pafs.FileType.File or _uploaded(_artifact_files(client, run_id, "ormas"), RUN_PAGE, info.size):
+        return 0
+    staging = Path(tempfile.mkdtemp(prefix="ray-ormas-artifacts-"))
+    try:
+        local = staging / RUN_PAGE
+        local.write_bytes(_read(store.filesystem, path))
+        client.log_artifact(run_id, str(local), artifact_path="ormas")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return 1
+
+
 def chosen_checkpoints(journal: dict[str, Any]) -> list[dict[str, Any]]:
     """The reported checkpoints the policy uploads (see MLflowSettings.log_checkpoints)."""
     checkpoints = journal.get("checkpoints", [])
@@ -478,6 +495,7 @@ def sync_fit(
         artifacts += upload_folder(
             client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]), f"ormas/fleet/{journal['fit_id']}"
         )
+        artifacts += upload_run_page(client, run_id, store)
         if journal.get("checkpoints"):
             client.log_dict(run_id, journal["checkpoints"], "ray_ormas/checkpoints.json")
         n, gone = upload_checkpoints(client, run_id, journal, checkpoint_fs or store.filesystem)

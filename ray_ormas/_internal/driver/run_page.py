@@ -1,0 +1,479 @@
+"""One page per fit: `run.html` in the run's record, built from the record alone.
+
+Written on the driver at the end of every fit (driver/trainer.py, before the MLflow run is closed,
+so the head node's last sync uploads it as the run's `ormas/run.html` artifact) and by `ray-ormas
+report RUN`. It reads only what storage holds (the record, the fleet record, the MLflow journals),
+so it can be rebuilt at any time, on any filesystem pyarrow reaches, for a run that crashed too.
+
+The page is one self-contained file (inline CSS and SVG, no script, no network):
+
+* the whole run's facts per monitor (record/run_facts.py: counts over every segment, and the state
+  at the end, which is the last attempt's);
+* the attempts on one run-step axis, one lane per monitor, a segment cut short by a crash hatched
+  and marked incomplete, its alarms, certificates and repairs as marks on the lane;
+* the loop's reported metrics (from the MLflow journals) and each monitor's loss over run steps,
+  with the attempts' boundaries;
+* each monitor's layers across segments: alarms, certificates, repairs, each segment linked to
+  ormas-monitor's own report of it (`<monitor>/segment-NNN/report.html`, beside this page);
+* fleet health per fit: a rank x check picture of busy time (data + forward) and of the straggler
+  score, with every alarm marked on its rank and check.
+
+Elements a reader (or a test) can find: `.attempt[data-monitor][data-attempt][data-complete]`,
+`.fleet-rank[data-rank]`, `.alarm-marker[data-kind][data-rank][data-check]`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import posixpath
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.record.fleet_record import read_fleet
+from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
+from ray_ormas._internal.record.reader import RunRecords, Segment
+from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
+from ray_ormas._internal.tracking.sync import read_journals
+
+logger = get_logger("ray_ormas.run_page")
+
+WIDTH = 1080  # the plots' drawing width, in SVG units
+LEFT = 120  # room for lane and axis labels
+PALETTE = ("#4c78a8", "#59a14f", "#9c755f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#bab0ac")
+MARKS = {"alarm": "#d62728", "certificate": "#f28e2b", "repair": "#2ca02c"}
+RECOVERIES = ("straggler_recovered", "divergence_resolved")
+INCOMPLETE = "<br><span class='bad'>incomplete</span>"
+
+
+def write_run_page(records: RunRecords, title: str | None = None, to: str | os.PathLike | None = None) -> str:
+    """Build the page from the record and write it as `run.html` at the record's root (or in the
+    local folder `to`, which holds copies of the segments as `<monitor>/segment-NNN/`); return
+    where it is."""
+    page = build_run_page(records, title).encode()
+    if to is not None:
+        path = Path(to) / RUN_PAGE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(page)
+        return str(path)
+    where = posixpath.join(records.store.root, RUN_PAGE)
+    records.store.write_bytes(where, page)
+    return records.store.shown(where)
+
+
+def build_run_page(records: RunRecords, title: str | None = None) -> str:
+    store = records.store
+    monitors = records.monitors()
+    facts = {m: run_facts(store, m) for m in monitors}
+    segments = records.segments()
+    events = [e for e in records.events().to_pylist() if e["event"] in MARKS]
+    rows = records.metrics().to_pylist()
+    journals = read_journals(store)
+    fleets = [(fit_id, *read_fleet(store, fit_id)) for fit_id in records.fleets()]
+    end = max([f.run_step for f in facts.values()] + [1])
+    name = title or next((s.link.get("run_name") for s in segments if s.link.get("run_name")), None) or "run"
+    body = [
+        f"<header><h1>{_e(name)}</h1><p class='summary'>{_e(_summary(facts, fleets))}</p>"
+        f"<p class='where'>record: {_e(store.shown())}</p></header>",
+        _facts_section(facts),
+        _attempts_section(facts, segments, events, end),
+        _metrics_section(journals, rows, segments, end),
+        _layers_section(monitors, segments, events, store.root),
+        _fleet_section(fleets),
+    ]
+    return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
+
+
+# ------------------------------------------------------------------ the whole run's facts
+def _summary(facts: dict[str, RunFacts], fleets: list[Any]) -> str:
+    """One line: attempts, steps, and what happened."""
+    out = []
+    for monitor, f in facts.items():
+        t = f.totals
+        out.append(
+            f"{monitor}: {f.attempts} attempt{'s' if f.attempts != 1 else ''} to run step {f.run_step}, "
+            f"{t.get('alarms', 0)} alarms, {t.get('certificates', 0)} certificates, {t.get('repairs', 0)} repairs "
+            f"({t.get('channels_repaired', 0)} channels)"
+        )
+    alarms = sum(1 for _, _, _, a in fleets for x in a if x.get("kind") not in RECOVERIES)
+    if fleets:
+        out.append(f"fleet: {alarms} alarm{'s' if alarms != 1 else ''}")
+    return " · ".join(out)
+
+
+def _facts_section(facts: dict[str, RunFacts]) -> str:
+    head = "".join(f"<th>{_e(c.replace('_', ' '))}</th>" for c in ("attempts", *COUNTS))
+    lines = []
+    for monitor, f in facts.items():
+        counts = "".join(f"<td>{f.totals.get(c, 0)}</td>" for c in COUNTS)
+        incomplete = sum(not s.complete for s in f.segments)
+        cut = f" <span class='bad'>({incomplete} cut short)</span>" if incomplete else ""
+        end = (
+            f"stuck channels {_n(f.stuck_channels)} in {_n(f.stuck_layers)} layers, loss {_num(f.loss)}"
+            if f.loss is not None or f.stuck_channels is not None
+            else "no check yet"
+        )
+        lines.append(
+            f"<tr class='monitor-facts' data-monitor='{_e(monitor)}'><th>{_e(monitor)}</th>"
+            f"<td>{f.attempts}{cut}</td>{counts}<td>{_e(end)}</td></tr>"
+        )
+    return (
+        "<section id='facts'><h2>The whole run</h2>"
+        "<p class='note'>Counts over every attempt (a repair an attempt redid counts again); the state at "
+        "the end is the last attempt's.</p>"
+        f"<table><tr><th>monitor</th>{head}<th>at the end (last attempt)</th></tr>{''.join(lines)}</table></section>"
+    )
+
+
+# ------------------------------------------------------------------ the attempts on one axis
+def _attempts_section(
+    facts: dict[str, RunFacts], segments: list[Segment], events: list[dict[str, Any]], end: int
+) -> str:
+    steps = {(sf.monitor, sf.segment): sf.counts.get("steps", 0) for f in facts.values() for sf in f.segments}
+    spans = {
+        (s.monitor, s.index): (s.step_offset, s.step_offset + steps.get((s.monitor, s.index), 0)) for s in segments
+    }
+    bar, top, y = 22, 18, 18
+    parts: list[str] = []
+    for monitor in facts:
+        own = [s for s in segments if s.monitor == monitor]
+        rows = _rows([spans[(s.monitor, s.index)] for s in own])  # an attempt that redid steps: a row below
+        parts.append(
+            f"<text class='lane' x='{LEFT - 8}' y='{y + 10 + bar / 2 + 4:.0f}' text-anchor='end'>{_e(monitor)}</text>"
+        )
+        for e in (e for e in events if e["monitor"] == monitor and e["run_step"] is not None):
+            tip = f"{e['event']} at run step {e['run_step']}" + (f", layer {e['layer']}" if e["layer"] else "")
+            parts.append(
+                f"<circle class='mark mark-{e['event']}' cx='{_x(e['run_step'], end):.1f}' cy='{y + 3}' r='3.5' "
+                f"fill='{MARKS[e['event']]}'><title>{_e(tip)}</title></circle>"
+            )
+        for seg, row in zip(own, rows):
+            a, b = spans[(seg.monitor, seg.index)]
+            x0, x1 = _x(a, end), max(_x(b, end), _x(a, end) + 3)
+            top_y = y + 10 + row * (bar + 4)
+            color = PALETTE[(seg.attempt or 0) % len(PALETTE)]
+            world = seg.link.get("world_size")
+            label = f"attempt {_n(seg.attempt)}" + (f", {world} rank{'s' * (world != 1)}" if world else "")
+            label += "" if seg.complete else ": incomplete"
+            tip = (
+                f"{seg.monitor} segment-{seg.index:03d}, attempt {_n(seg.attempt)} of fit {seg.link.get('fit_id')}: "
+                f"run steps {a} to {b}" + ("" if seg.complete else " (cut short: no run_end)")
+            )
+            stroke = "" if seg.complete else "stroke-dasharray='4,2' stroke-width='2'"
+            parts.append(
+                f"<g class='attempt' data-monitor='{_e(monitor)}' data-segment='{seg.index}' "
+                f"data-attempt='{_n(seg.attempt)}' data-complete='{str(seg.complete).lower()}' "
+                f"data-from='{a}' data-to='{b}'><title>{_e(tip)}</title>"
+                f"<rect x='{x0:.1f}' y='{top_y}' width='{x1 - x0:.1f}' height='{bar}' rx='3' "
+                f"fill='{color if seg.complete else 'url(#cut)'}' stroke='{color}' {stroke}/>"
+                f"<text class='{'bar' if seg.complete else 'bar cut'}' x='{x0 + 5:.1f}' y='{top_y + 15}'>"
+                f"{_e(label)}</text></g>"
+            )
+        y += 10 + (max(rows, default=0) + 1) * (bar + 4) + 12
+    height = y + 26
+    svg = (
+        f"<svg viewBox='0 0 {LEFT + WIDTH + 20} {height}' class='plot'>"
+        "<defs><pattern id='cut' width='6' height='6' patternUnits='userSpaceOnUse' patternTransform='rotate(45)'>"
+        "<rect width='6' height='6' fill='#f7e1e1'/><line x1='0' y1='0' x2='0' y2='6' stroke='#e8a0a0' "
+        f"stroke-width='2'/></pattern></defs>{_axis(end, y + 2, top - 8, y + 2)}{''.join(parts)}</svg>"
+    )
+    legend = " ".join(f"<span class='key' style='background:{c}'></span>{k}s" for k, c in MARKS.items())
+    return (
+        "<section id='attempts'><h2>Attempts</h2><p class='note'>One bar per segment (one attempt of one fit) "
+        "on the run's step axis; an attempt that resumed from an earlier checkpoint redoes steps, and its bar "
+        f"sits below the one it overlaps. Marks above: {legend}. Hatched: cut short by a crash.</p>{svg}</section>"
+    )
+
+
+def _rows(spans: list[tuple[int, int]]) -> list[int]:
+    """A row per span, each the first whose spans so far end at or before it starts."""
+    ends: list[int] = []
+    rows = []
+    for a, b in spans:
+        row = next((i for i, e in enumerate(ends) if e <= a), len(ends))
+        if row == len(ends):
+            ends.append(b)
+        else:
+            ends[row] = b
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------ the loop's metrics and the loss
+def _metrics_section(
+    journals: list[dict[str, Any]], rows: list[dict[str, Any]], segments: list[Segment], end: int
+) -> str:
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for journal in journals:
+        for report in journal.get("reports", []):
+            for key, value in report.get("metrics", {}).items():
+                if isinstance(value, (int, float)) and not key.startswith("ormas/"):
+                    series[key].append((int(report["step"]), float(value)))
+    for row in rows:
+        if isinstance(row["loss"], float) and row["run_step"] is not None:
+            series[f"loss ({row['monitor']})"].append((row["run_step"], row["loss"]))
+    if not series:
+        return (
+            "<section id='metrics'><h2>Metrics</h2><p class='note'>No metric to show: the loop's reported "
+            "metrics are kept in the MLflow journal (this run trained without MLflow), and no monitor "
+            "recorded a loss.</p></section>"
+        )
+    bounds = sorted({s.step_offset for s in segments if s.step_offset > 0})
+    charts = "".join(_chart(name, sorted(points), bounds, end) for name, points in series.items())
+    return (
+        "<section id='metrics'><h2>Metrics</h2><p class='note'>The loop's reported metrics (from the MLflow "
+        "journal) and each monitor's loss at its checks, on the run's step axis; dashed: where an attempt "
+        f"began.</p><div class='charts'>{charts}</div></section>"
+    )
+
+
+def _chart(name: str, points: list[tuple[int, float]], bounds: list[int], end: int) -> str:
+    width, height, pad = 520, 150, 34
+    finite = [(s, v) for s, v in points if math.isfinite(v)]
+    lo, hi = (min(v for _, v in finite), max(v for _, v in finite)) if finite else (0.0, 1.0)
+    hi = hi if hi > lo else lo + 1.0
+
+    def xy(step: int, value: float) -> tuple[float, float]:
+        return pad + step / max(end, 1) * (width - pad - 8), 10 + (hi - value) / (hi - lo) * (height - pad - 10)
+
+    parts = [
+        f"<line class='bound' x1='{xy(b, lo)[0]:.1f}' x2='{xy(b, lo)[0]:.1f}' y1='6' y2='{height - pad}'/>"
+        for b in bounds
+    ]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in finite))
+    parts.append(f"<polyline points='{line}' fill='none' stroke='#4c78a8' stroke-width='1.6'/>")
+    for s, v in finite if len(finite) <= 60 else []:
+        x, y = xy(s, v)
+        parts.append(
+            f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2.2' fill='#4c78a8'><title>step {s}: {v:.4g}</title></circle>"
+        )
+    for s, v in points:
+        if not math.isfinite(v):
+            x = xy(s, lo)[0]
+            parts.append(f"<text class='nonfinite' x='{x:.1f}' y='18'>{_e(str(v))}<title>step {s}: {v}</title></text>")
+    parts.append(
+        f"<text class='tick' x='{pad - 4}' y='14' text-anchor='end'>{hi:.3g}</text>"
+        f"<text class='tick' x='{pad - 4}' y='{height - pad}' text-anchor='end'>{lo:.3g}</text>"
+        f"<text class='tick' x='{pad}' y='{height - pad + 14}'>0</text>"
+        f"<text class='tick' x='{width - 8}' y='{height - pad + 14}' text-anchor='end'>{end}</text>"
+    )
+    return (
+        f"<figure class='chart' data-metric='{_e(name)}'><figcaption>{_e(name)}</figcaption>"
+        f"<svg viewBox='0 0 {width} {height - pad + 20}'>{''.join(parts)}</svg></figure>"
+    )
+
+
+# ------------------------------------------------------------------ each monitor's layers across segments
+def _layers_section(monitors: list[str], segments: list[Segment], events: list[dict[str, Any]], root: str) -> str:
+    tables = []
+    for monitor in monitors:
+        own = [s for s in segments if s.monitor == monitor]
+        counts: dict[str, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        for e in events:
+            if e["monitor"] == monitor and e["layer"]:
+                counts[e["layer"]][e["segment"]][e["event"]] += 1
+        head = "".join(
+            f"<th><a href='{_e(_report_link(s, root))}'>segment-{s.index:03d}</a><br>attempt {_n(s.attempt)}"
+            f"{'' if s.complete else INCOMPLETE}</th>"
+            for s in own
+        )
+        body = []
+        for layer in counts:
+            cells = "".join(f"<td>{_badges(counts[layer].get(s.index, Counter()))}</td>" for s in own)
+            body.append(f"<tr><th class='layer'>{_e(layer)}</th>{cells}</tr>")
+        if not body:
+            body.append(f"<tr><td colspan='{len(own) + 1}' class='note'>no alarm, certificate or repair</td></tr>")
+        tables.append(
+            f"<h3>{_e(monitor)}</h3><table class='layers'><tr><th>layer</th>{head}</tr>{''.join(body)}</table>"
+        )
+    return (
+        "<section id='layers'><h2>Layers</h2><p class='note'>Alarms, certificates (a layer proved dead) and "
+        "repairs per layer and segment; each segment's header links to ormas-monitor's own report of it.</p>"
+        f"{''.join(tables)}</section>"
+    )
+
+
+def _report_link(seg: Segment, root: str) -> str:
+    return posixpath.relpath(posixpath.join(seg.path, REPORT), root)
+
+
+def _badges(counts: Counter[str]) -> str:
+    return " ".join(
+        f"<span class='badge {kind}'>{counts[kind]} {kind}{'s' if counts[kind] > 1 else ''}</span>"
+        for kind in MARKS
+        if counts.get(kind)
+    )
+
+
+# ------------------------------------------------------------------ fleet health
+def _fleet_section(fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]) -> str:
+    if not fleets:
+        return (
+            "<section id='fleet'><h2>Fleet health</h2>"
+            "<p class='note'>Fleet health was off (or one worker).</p></section>"
+        )
+    out = []
+    for fit_id, meta, checks, alarms in fleets:
+        marks = [a for a in alarms if a.get("kind") not in RECOVERIES]
+        listed = "".join(
+            f"<li><b>{_e(str(a.get('kind')))}</b> at run step {_n(a.get('run_step'))}: {_e(str(a.get('message')))}</li>"
+            for a in alarms
+        )
+        out.append(
+            f"<h3>fit {_e(fit_id)}: {_n(meta.get('world_size'))} ranks, "
+            f"{len({(c['attempt'], c['check']) for c in checks})} checks, {len(marks)} alarms</h3>"
+            + _heatmap("busy time (data + forward), ms", checks, marks, _busy_ms, "busy")
+            + _heatmap("straggler score (1 = as fast as the others)", checks, marks, _score, "score")
+            + (f"<ul class='alarms'>{listed}</ul>" if listed else "<p class='note'>No alarm.</p>")
+        )
+    return (
+        "<section id='fleet'><h2>Fleet health</h2><p class='note'>One row per rank, one column per check "
+        "(every attempt, in order); a ringed cell is an alarm on that rank at that check.</p>"
+        f"{''.join(out)}</section>"
+    )
+
+
+def _score(c: dict[str, Any]) -> float | None:
+    return c.get("relative_score")
+
+
+def _busy_ms(c: dict[str, Any]) -> float | None:
+    parts = [c.get("data_s"), c.get("forward_s")]
+    return None if all(p is None for p in parts) else 1000.0 * sum(p or 0.0 for p in parts)
+
+
+def _heatmap(title: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]], value: Any, kind: str) -> str:
+    columns = sorted({(c["attempt"], c["check"]) for c in checks})
+    ranks = sorted({int(c["rank"]) for c in checks})
+    col = {key: i for i, key in enumerate(columns)}
+    cell, row_h, top = max(3.0, min(26.0, WIDTH / max(len(columns), 1))), 20, 16
+    # The colour scale leaves out each attempt's first check (warm-up: not scored) and tops out at the
+    # 95th percentile, so one long check does not wash out the rest.
+    scored = (value(c) for c in checks if c["check"] > 0)
+    values = sorted(v for v in scored if isinstance(v, (int, float)) and math.isfinite(v))
+    lo, hi = (values[0], values[min(len(values) - 1, int(0.95 * len(values)))]) if values else (0.0, 1.0)
+    parts = []
+    for r in ranks:
+        y = top + ranks.index(r) * row_h
+        parts.append(f"<text class='lane' x='{LEFT - 8}' y='{y + 14}' text-anchor='end'>rank {r}</text>")
+    for attempt in sorted({a for a, _ in columns}):
+        first = min(i for (a, _), i in col.items() if a == attempt)
+        x = LEFT + first * cell
+        parts.append(f"<text class='tick' x='{x + 2:.1f}' y='{top - 4}'>attempt {attempt}</text>")
+        if first:
+            parts.append(f"<line class='sep' x1='{x:.1f}' x2='{x:.1f}' y1='2' y2='{top + row_h * len(ranks)}'/>")
+    for c in checks:
+        v = value(c)
+        x, y = LEFT + col[(c["attempt"], c["check"])] * cell, top + ranks.index(int(c["rank"])) * row_h
+        tip = f"rank {c['rank']}, attempt {c['attempt']} check {c['check']} (run step {c.get('run_step')}): {_num(v)}"
+        parts.append(
+            f"<rect x='{x + 0.5:.1f}' y='{y + 1}' width='{max(cell - 1, 1):.1f}' height='{row_h - 2}' "
+            f"fill='{_color(v, lo, hi, kind)}'><title>{_e(tip)}</title></rect>"
+        )
+    for a in alarms:
+        key = (a.get("attempt"), a.get("check"))
+        for r in (r for r in a.get("ranks") or [] if key in col and r in ranks):
+            cx, cy = LEFT + col[key] * cell + cell / 2, top + ranks.index(r) * row_h + row_h / 2
+            parts.append(
+                f"<circle class='alarm-marker' data-kind='{_e(str(a.get('kind')))}' data-rank='{r}' "
+                f"data-check='{a.get('check')}' data-attempt='{a.get('attempt')}' cx='{cx:.1f}' cy='{cy:.1f}' "
+                f"r='{row_h / 2 - 1:.0f}' fill='none' stroke='#111' stroke-width='2.5'>"
+                f"<title>{_e(str(a.get('message')))}</title></circle>"
+            )
+    rows = "".join(f"<span class='fleet-rank' data-rank='{r}'></span>" for r in ranks) if kind == "busy" else ""
+    height, span = top + row_h * len(ranks) + 4, LEFT + len(columns) * cell + 10
+    scale = f"<span class='scale'>{_num(lo)} <span class='ramp {kind}'></span> {_num(hi)}</span>"
+    return (
+        f"<figure class='heatmap' data-kind='{kind}'><figcaption>{_e(title)} {scale}</figcaption>{rows}"
+        f"<svg viewBox='0 0 {span:.0f} {height}' style='max-width:{span:.0f}px'>"
+        f"{''.join(parts)}</svg></figure>"
+    )
+
+
+def _color(v: Any, lo: float, hi: float, kind: str) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "#e6e6e6"
+    t = 0.0 if hi <= lo else min(1.0, (v - lo) / (hi - lo))
+    if kind == "score":  # low score red, 1 green
+        t = max(0.0, min(1.0, v))
+        r, g, b = int(214 + (89 - 214) * t), int(39 + (161 - 39) * t), int(40 + (79 - 40) * t)
+    else:  # longer busy time darker blue
+        r, g, b = int(237 + (33 - 237) * t), int(243 + (102 - 243) * t), int(250 + (172 - 250) * t)
+    return f"rgb({r},{g},{b})"
+
+
+# ------------------------------------------------------------------ small pieces
+def _axis(end: int, y: int, top: int, bottom: int) -> str:
+    ticks = _ticks(end)
+    out = [f"<line class='axis' x1='{LEFT}' x2='{LEFT + WIDTH}' y1='{y}' y2='{y}'/>"]
+    for t in ticks:
+        x = _x(t, end)
+        out.append(
+            f"<line class='grid' x1='{x:.1f}' x2='{x:.1f}' y1='{top}' y2='{bottom}'/>"
+            f"<text class='tick' x='{x:.1f}' y='{y + 16}' text-anchor='middle'>{t}</text>"
+        )
+    out.append(f"<text class='tick' x='{LEFT - 8}' y='{y + 16}' text-anchor='end'>run step</text>")
+    return "".join(out)
+
+
+def _ticks(end: int) -> list[int]:
+    raw = max(end / 8, 1)
+    step = 10 ** math.floor(math.log10(raw))
+    step = next(m * step for m in (1, 2, 5, 10) if m * step >= raw)
+    return list(range(0, end + 1, int(step)))
+
+
+def _x(step: int, end: int) -> float:
+    return LEFT + step / max(end, 1) * WIDTH
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _n(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+def _num(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.4g}"
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0;background:#f6f7f9}
+header{background:#1f2d3d;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
+.where{margin:4px 0 0;color:#b8c4d0;font-size:12px;word-break:break-all}
+section{background:#fff;margin:16px 24px;padding:14px 20px;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
+h2{font-size:17px;margin:0 0 6px}h3{font-size:14px;margin:14px 0 6px}
+.note{color:#666;font-size:12.5px;margin:0 0 10px}
+table{border-collapse:collapse;font-size:12.5px}th,td{padding:4px 8px;border-bottom:1px solid #eee;text-align:left}
+td{font-variant-numeric:tabular-nums}.bad{color:#c0392b;font-weight:600}
+svg{display:block;width:100%;height:auto}.plot{max-width:1220px}
+text{font:11px system-ui,sans-serif;fill:#333}.bar{fill:#fff;font-weight:600}.lane{font-weight:600}
+.tick{fill:#777;font-size:10px}.axis{stroke:#999}.grid{stroke:#eee}.bound{stroke:#999;stroke-dasharray:3,3}
+.nonfinite{fill:#d62728;font-weight:700}.cut{fill:#8b1a1a}.sep{stroke:#333;stroke-width:1.5}
+.summary{margin:6px 0 0;color:#dfe6ee}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{margin:0;width:520px}
+.chart figcaption{font-weight:600;font-size:12.5px}
+.heatmap{margin:6px 0 12px}.heatmap figcaption{font-size:12.5px;margin-bottom:2px}
+.scale{color:#777;margin-left:10px;font-size:11px}.ramp{display:inline-block;width:60px;height:8px;vertical-align:middle}
+.ramp.busy{background:linear-gradient(90deg,rgb(237,243,250),rgb(33,102,172))}
+.ramp.score{background:linear-gradient(90deg,rgb(214,39,40),rgb(89,161,79))}
+.badge{display:inline-block;border-radius:9px;padding:0 7px;font-size:11.5px;color:#fff;margin:1px}
+.badge.alarm{background:#d62728}.badge.certificate{background:#f28e2b}.badge.repair{background:#2ca02c}
+.key{display:inline-block;width:9px;height:9px;border-radius:5px;margin:0 3px 0 8px}
+.alarms{font-size:12.5px;margin:4px 0}th.layer{font-family:ui-monospace,monospace;font-weight:500}
+"""
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<title>{title}</title><style>{css}</style></head>
+<body>
+{body}
+<footer class="note" style="margin:0 24px 24px">Written by ray-ormas from the run's record; rebuild it with
+<code>ray-ormas report RUN</code>.</footer>
+</body></html>
+"""

@@ -1,0 +1,81 @@
+"""One page per fit (driver/run_page.py): `run.html` in the run's record after every fit, an
+artifact of its MLflow run, read in a real browser against the record.
+
+The fit has what the page must show: two attempts (rank 0 is killed in the first, so its segment
+is cut short; Ray resumes from the epoch-1 checkpoint), a lesion that is certified and repaired,
+and a rank slowed in data loading, so the fleet raises a straggler alarm in each attempt.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from mlflow import MlflowClient
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+from ray_ormas import RayOrmasTrainer, open_records
+
+from .browser import render
+from .loops import resume_loop
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.timeout(420)
+def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_alarms_of_the_record(storage, tmp_path):
+    result = RayOrmasTrainer(
+        resume_loop,
+        train_loop_config={
+            "epochs": 4,
+            "lesion": True,
+            "kill_rank": 0,
+            "kill_at": 20,  # 4 steps into epoch 2; the last checkpoint is epoch 1's (step 16)
+            "kill_marker": str(tmp_path / "killed"),
+            "slow_rank": 1,
+            "slow_s": 0.04,
+        },
+        repair=True,
+        check_every=3,
+        verbose=False,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="paged", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+    ).fit()
+    run = result.ormas
+    page = storage / "paged" / "ormas" / "run.html"
+    assert run.run_page == str(page) and page.is_file()
+    artifacts = [a.path for a in MlflowClient(run.tracking_uri).list_artifacts(run.mlflow_run_id, "ormas")]
+    assert "ormas/run.html" in artifacts
+
+    shown = render(page, screenshot=tmp_path / "run.png")
+    assert shown.console == [], shown.console  # no error, no warning, no message at all
+    records = open_records(storage / "paged")
+
+    # The attempts: one bar per segment, in the record's order, the crashed one marked.
+    segments = records.segments()
+    bars = [
+        (a["data-monitor"], int(a["data-segment"]), a["data-attempt"], a["data-complete"])
+        for a in shown.having("attempt")
+    ]
+    assert bars == [(s.monitor, s.index, str(s.attempt), str(s.complete).lower()) for s in segments]
+    assert [b[3] for b in bars] == ["false", "true"]  # rank 0 was killed: its segment has no run_end
+    assert [int(a["data-from"]) for a in shown.having("attempt")] == [s.step_offset for s in segments] == [0, 16]
+    assert "attempt 0, 2 ranks: incomplete" in shown.dom
+
+    # The fleet's ranks, and a marker on every alarm's rank and check, in both pictures.
+    checks = records.fleet_checks().to_pylist()
+    assert [int(r["data-rank"]) for r in shown.having("fleet-rank")] == sorted({r["rank"] for r in checks}) == [0, 1]
+    alarms = [a for a in records.fleet_alarms().to_pylist() if not a["kind"].endswith(("_recovered", "_resolved"))]
+    assert alarms and {a["kind"] for a in alarms} == {"straggler"} and {a["attempt"] for a in alarms} == {0, 1}
+    expected = Counter((a["kind"], r, a["check"], a["attempt"]) for a in alarms for r in a["ranks"])
+    markers = Counter(
+        (m["data-kind"], int(m["data-rank"]), int(m["data-check"]), int(m["data-attempt"]))
+        for m in shown.having("alarm-marker")
+    )
+    assert markers == expected + expected  # the busy-time picture and the score picture
+
+    # The whole run's facts, the layers' certificates and repairs, the loop's metrics.
+    (facts,) = shown.having("monitor-facts")
+    assert facts["data-monitor"] == "model"
+    assert shown.dom.count("1 certificate") == 2 and shown.dom.count("1 repair") == 2  # conv2.0, conv3.0
+    assert {c["data-metric"] for c in shown.having("chart")} >= {"epoch", "step", "loss (model)"}
+    assert (tmp_path / "run.png").stat().st_size > 10_000
