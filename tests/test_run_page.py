@@ -46,6 +46,8 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
     artifacts = [a.path for a in MlflowClient(run.tracking_uri).list_artifacts(run.mlflow_run_id, "ormas")]
     assert "ormas/run.html" in artifacts
 
+    text = page.read_text()
+    assert "<script" not in text and "://" not in text  # self-contained: nothing runs, nothing is fetched
     shown = render(page, screenshot=tmp_path / "run.png")
     assert shown.console == [], shown.console  # no error, no warning, no message at all
     records = open_records(storage / "paged")
@@ -79,3 +81,19 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
     assert shown.dom.count("1 certificate") == 2 and shown.dom.count("1 repair") == 2  # conv2.0, conv3.0
     assert {c["data-metric"] for c in shown.having("chart")} >= {"epoch", "step", "loss (model)"}
     assert (tmp_path / "run.png").stat().st_size > 10_000
+
+
+def test_a_large_fleets_picture_stays_bounded_and_keeps_every_alarmed_rank():
+    from ray_ormas._internal.driver.run_page import MAX_COLUMNS, MAX_RANKS, _busy_ms, _heatmap
+
+    checks = [
+        {"attempt": 0, "check": c, "rank": r, "data_s": 0.001, "forward_s": 0.002, "relative_score": 0.9}
+        for c in range(2000)
+        for r in range(200)
+    ]
+    alarms = [{"attempt": 0, "check": 1500, "kind": "straggler", "ranks": [197], "message": "rank 197 is slow"}]
+    picture = _heatmap("busy", checks, alarms, _busy_ms, "busy")
+    assert picture.count("class='fleet-rank'") == MAX_RANKS and "data-rank='197'" in picture
+    assert picture.count("<rect ") == MAX_RANKS * MAX_COLUMNS  # 2000 checks, 10 a column
+    assert f"({MAX_RANKS} of 200 ranks: those with alarms, then the lowest scores) (10 checks a column" in picture
+    assert picture.count("class='alarm-marker'") == 1 and len(picture) < 1_200_000

@@ -47,6 +47,8 @@ PALETTE = ("#4c78a8", "#59a14f", "#9c755f", "#b07aa1", "#76b7b2", "#edc948", "#f
 MARKS = {"alarm": "#d62728", "certificate": "#f28e2b", "repair": "#2ca02c"}
 RECOVERIES = ("straggler_recovered", "divergence_resolved")
 INCOMPLETE = "<br><span class='bad'>incomplete</span>"
+MAX_COLUMNS = 200  # a fleet picture's columns: a longer run's checks share them (at most about 1 MB a picture)
+MAX_RANKS = 48  # a fleet picture's rows
 
 
 def write_run_page(records: RunRecords, title: str | None = None, to: str | os.PathLike | None = None) -> str:
@@ -346,51 +348,81 @@ def _busy_ms(c: dict[str, Any]) -> float | None:
 
 
 def _heatmap(title: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]], value: Any, kind: str) -> str:
+    """Ranks x checks, coloured by `value` (busy time or score). A long run's checks share columns
+    (at most MAX_COLUMNS; a column shows its worst value) and a large fleet shows MAX_RANKS ranks:
+    those with alarms, then the lowest scores."""
     columns = sorted({(c["attempt"], c["check"]) for c in checks})
-    ranks = sorted({int(c["rank"]) for c in checks})
-    col = {key: i for i, key in enumerate(columns)}
-    cell, row_h, top = max(3.0, min(26.0, WIDTH / max(len(columns), 1))), 20, 16
+    per = max(1, math.ceil(len(columns) / MAX_COLUMNS))
+    col = {key: i // per for i, key in enumerate(columns)}
+    ranks = _shown_ranks(checks, alarms)
+    row = {r: i for i, r in enumerate(ranks)}
+    width = col[columns[-1]] + 1 if columns else 0
+    cell, row_h, top = max(3.0, min(26.0, WIDTH / max(width, 1))), 20, 16
     # The colour scale leaves out each attempt's first check (warm-up: not scored) and tops out at the
     # 95th percentile, so one long check does not wash out the rest.
     scored = (value(c) for c in checks if c["check"] > 0)
     values = sorted(v for v in scored if isinstance(v, (int, float)) and math.isfinite(v))
     lo, hi = (values[0], values[min(len(values) - 1, int(0.95 * len(values)))]) if values else (0.0, 1.0)
-    parts = []
-    for r in ranks:
-        y = top + ranks.index(r) * row_h
-        parts.append(f"<text class='lane' x='{LEFT - 8}' y='{y + 14}' text-anchor='end'>rank {r}</text>")
-    for attempt in sorted({a for a, _ in columns}):
-        first = min(i for (a, _), i in col.items() if a == attempt)
-        x = LEFT + first * cell
-        parts.append(f"<text class='tick' x='{x + 2:.1f}' y='{top - 4}'>attempt {attempt}</text>")
-        if first:
-            parts.append(f"<line class='sep' x1='{x:.1f}' x2='{x:.1f}' y1='2' y2='{top + row_h * len(ranks)}'/>")
+    worst = max if kind == "busy" else min
+    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
     for c in checks:
         v = value(c)
-        x, y = LEFT + col[(c["attempt"], c["check"])] * cell, top + ranks.index(int(c["rank"])) * row_h
-        tip = f"rank {c['rank']}, attempt {c['attempt']} check {c['check']} (run step {c.get('run_step')}): {_num(v)}"
-        parts.append(
-            f"<rect x='{x + 0.5:.1f}' y='{y + 1}' width='{max(cell - 1, 1):.1f}' height='{row_h - 2}' "
-            f"fill='{_color(v, lo, hi, kind)}'><title>{_e(tip)}</title></rect>"
-        )
+        if int(c["rank"]) in row and isinstance(v, (int, float)) and math.isfinite(v):
+            cells[(int(c["rank"]), col[(c["attempt"], c["check"])])].append(v)
+    parts = [
+        f"<text class='lane' x='{LEFT - 8}' y='{top + row[r] * row_h + 14}' text-anchor='end'>rank {r}</text>"
+        for r in ranks
+    ]
+    for attempt in sorted({a for a, _ in columns}):
+        x = LEFT + min(i for (a, _), i in col.items() if a == attempt) * cell
+        parts.append(f"<text class='tick' x='{x + 2:.1f}' y='{top - 4}'>attempt {attempt}</text>")
+        if x > LEFT:
+            parts.append(f"<line class='sep' x1='{x:.1f}' x2='{x:.1f}' y1='2' y2='{top + row_h * len(ranks)}'/>")
+    for r in ranks:
+        for i in range(width):
+            got = cells.get((r, i))
+            v = worst(got) if got else None
+            what = f"checks {i * per}-{i * per + per - 1}" if per > 1 else f"check column {i}"
+            tip = f"rank {r}, {what}: {_num(v)}"
+            parts.append(
+                f"<rect x='{LEFT + i * cell + 0.5:.1f}' y='{top + row[r] * row_h + 1}' width='{max(cell - 1, 1):.1f}' "
+                f"height='{row_h - 2}' fill='{_color(v, lo, hi, kind)}'><title>{_e(tip)}</title></rect>"
+            )
     for a in alarms:
         key = (a.get("attempt"), a.get("check"))
-        for r in (r for r in a.get("ranks") or [] if key in col and r in ranks):
-            cx, cy = LEFT + col[key] * cell + cell / 2, top + ranks.index(r) * row_h + row_h / 2
+        for r in (r for r in a.get("ranks") or [] if key in col and r in row):
+            cx, cy = LEFT + col[key] * cell + cell / 2, top + row[r] * row_h + row_h / 2
             parts.append(
                 f"<circle class='alarm-marker' data-kind='{_e(str(a.get('kind')))}' data-rank='{r}' "
                 f"data-check='{a.get('check')}' data-attempt='{a.get('attempt')}' cx='{cx:.1f}' cy='{cy:.1f}' "
                 f"r='{row_h / 2 - 1:.0f}' fill='none' stroke='#111' stroke-width='2.5'>"
                 f"<title>{_e(str(a.get('message')))}</title></circle>"
             )
+    every = len({int(c["rank"]) for c in checks})
+    note = f" ({len(ranks)} of {every} ranks: those with alarms, then the lowest scores)" if len(ranks) < every else ""
+    note += f" ({per} checks a column, its worst value)" if per > 1 else ""
     rows = "".join(f"<span class='fleet-rank' data-rank='{r}'></span>" for r in ranks) if kind == "busy" else ""
-    height, span = top + row_h * len(ranks) + 4, LEFT + len(columns) * cell + 10
+    height, span = top + row_h * len(ranks) + 4, LEFT + width * cell + 10
     scale = f"<span class='scale'>{_num(lo)} <span class='ramp {kind}'></span> {_num(hi)}</span>"
     return (
-        f"<figure class='heatmap' data-kind='{kind}'><figcaption>{_e(title)} {scale}</figcaption>{rows}"
+        f"<figure class='heatmap' data-kind='{kind}'><figcaption>{_e(title + note)} {scale}</figcaption>{rows}"
         f"<svg viewBox='0 0 {span:.0f} {height}' style='max-width:{span:.0f}px'>"
         f"{''.join(parts)}</svg></figure>"
     )
+
+
+def _shown_ranks(checks: list[dict[str, Any]], alarms: list[dict[str, Any]]) -> list[int]:
+    """Every rank, or MAX_RANKS of them: the alarms' ranks first, then the lowest scores."""
+    lowest: dict[int, float] = {}
+    for c in checks:
+        score = c.get("relative_score")
+        rank = int(c["rank"])
+        lowest[rank] = min(lowest.get(rank, 1.0), score if isinstance(score, (int, float)) else 1.0)
+    if len(lowest) <= MAX_RANKS:
+        return sorted(lowest)
+    named = {r for a in alarms for r in a.get("ranks") or [] if r in lowest}
+    order = sorted(lowest, key=lambda r: (r not in named, lowest[r], r))
+    return sorted(order[:MAX_RANKS])
 
 
 def _color(v: Any, lo: float, hi: float, kind: str) -> str:
