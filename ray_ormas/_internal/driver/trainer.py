@@ -626,10 +626,12 @@ def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
 
 def _on_head_node() -> dict[str, Any]:
     """Actor options that keep the ledger on the head node (as Ray Train keeps its own state
-    actor), so that losing a worker node never takes it along; else near the driver."""
+    actor), so that losing a worker node never takes it along; else near the driver. An explicit
+    strategy either way: a fit inside a Ray Tune trial runs in the trial's placement group, which
+    would otherwise capture the ledger, and the head node's resource fits none of its bundles."""
     head = head_node_resource()  # Ray's own name for it, checked (seams/ray_train.py)
     if head in ray.cluster_resources():
-        return {"resources": {head: 0.001}}
+        return {"resources": {head: 0.001}, "scheduling_strategy": "DEFAULT"}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
 
 
