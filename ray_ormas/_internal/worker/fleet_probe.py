@@ -1,22 +1,22 @@
 """One rank's fleet facts, measured over the steps before each of the monitor's checks and sent
 to the head node.
 
-Runs on every rank, attached to the main monitor (worker/session.py). Timings are the mean of the
-last `timed_steps(check_every)` steps up to a check (up to TIMED_STEPS) are timed, and a check
+Runs on every rank, attached to the main monitor (worker/session.py). The last
+`timed_steps(check_every)` steps up to a check (at most TIMED_STEPS) are timed, and the check
 carries the median of each timing over them: a rank descheduled for a few milliseconds in one or
 two of those steps (a busy node) keeps its usual time, and a rank that is slow at every step shows
-it whole. Outside that window
-an unsampled step costs a flag test and a modulo; the hooks exist only inside it:
+it whole. Outside those steps an unsampled step costs a flag test and a modulo; the hooks exist
+only inside them:
 
     ... step k-1 ends (mon.step returns)     -> clock read; hooks armed (the window's first step)
     DDP wrapper's forward pre-hook           -> data_s    = now - end of step k-1
     inner module's forward pre/post hooks    -> forward_s = the forward passes' own time
     mon.step(loss) of step k is called       -> wall_s    = now - end of step k-1
     ... the same for each step of the window, up to the sampled step s ...
-    the monitor's check of s has run         -> the medians over the window's steps; loss, digest, non-finite
-                                                gradients: one host read per device; the facts go
-                                                to the run ledger with an actor call that is never
-                                                awaited
+    the monitor's check of s has run         -> the medians over the window's steps; loss,
+                                                digest, non-finite gradients: one host read per
+                                                device; the facts go to the run ledger with an
+                                                actor call that is never awaited
 
 `data_s` covers everything between two steps (loading, host-to-device copy, the previous
 optimizer step); `forward_s` is the forward compute alone: the hook sits inside DDP's wrapper,
