@@ -126,6 +126,8 @@ def check_training_output(ran: Ran) -> None:
         report = verify_run(record)
         assert report.ok, (record, report)
         assert (record / "report.html").is_file()
+    pages = re.findall(r"^run page: (\S+)$", ran.out, re.M)  # the run on one page, in the record
+    assert pages and all(Path(p).is_file() for p in pages if "://" not in p), ran.out[-3000:]
 
 
 def run_key(text: str) -> str:
