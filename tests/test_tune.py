@@ -75,12 +75,12 @@ def test_a_sweep_gives_each_trial_its_record_and_mlflow_run_and_asha_stops_the_t
     assert run.data.metrics["ormas/stuck_channels_total"] == 0
 
     # The stopped trial: Tune ends a trial's actor where it is, so its fit never reaches its end.
-    # Its record holds every check up to the stop; `ray-ormas mlflow-sync` makes its MLflow run
-    # from the record and the journal, with the trial's config as params.
+    # Its record holds every check up to the stop; `ray-ormas mlflow-sync --close-as KILLED` makes
+    # its MLflow run from the record and the journal, with the trial's config as params, and closes it.
     (stopped,) = open_records(runs[True]).segments()
     assert not stopped.complete and open_records(runs[True]).metrics().num_rows >= 2
     synced = subprocess.run(
-        [str(Path(sys.executable).with_name("ray-ormas")), "mlflow-sync", str(runs[True])],
+        [str(Path(sys.executable).with_name("ray-ormas")), "mlflow-sync", str(runs[True]), "--close-as", "KILLED"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -88,5 +88,6 @@ def test_a_sweep_gives_each_trial_its_record_and_mlflow_run_and_asha_stops_the_t
     assert synced.returncode == 0, synced.stdout + synced.stderr
     client = MlflowClient(f"sqlite:///{runs[True] / 'mlflow' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("ray-ormas").experiment_id])
-    assert run.data.params["train_loop_config.lesion"] == "True"
+    assert run.data.params["train_loop_config.lesion"] == "True" and run.info.status == "KILLED"
+    assert "never reached its end" in run.data.tags["ray_ormas.error"]
     assert [m.value for m in client.get_metric_history(run.info.run_id, "ormas/stuck_channels_total")][-1] > 0

@@ -4,7 +4,8 @@
     ray-ormas demo                       the digits demo on a local Ray cluster
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment and the run's page, from run storage
     ray-ormas export RUN --out DIR       events, metrics and segments .parquet (fleet_* with a fleet)
-    ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage)
+    ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage);
+                                         --close-as KILLED closes one whose fit never ended
 
 `train` starts a local Ray cluster when none is running, and joins the cluster under
 `ray job submit` (Ray sets RAY_ADDRESS for the job). RUN is a run's folder
@@ -87,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     m.add_argument("--tracking-uri", help="send to this tracking server instead of the one the fit used")
+    m.add_argument(
+        "--close-as",
+        choices=["FINISHED", "FAILED", "KILLED"],
+        help="also close a run whose fit never reached its end (a Ray Tune trial a scheduler stopped, "
+        "a driver that was killed) with this status; a status the fit recorded is never changed",
+    )
     return p
 
 
@@ -121,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("ray-ormas %s: %s", args.command, e)
         return 2
     if args.command == "mlflow-sync":
-        return _mlflow_sync(records, args.tracking_uri)
+        return _mlflow_sync(records, args.tracking_uri, args.close_as)
     if args.command == "export":
         paths = records.write_parquet(args.out, monitor=args.monitor)
         for kind, path in paths.items():
@@ -130,8 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _report(records, Path(args.out), args.monitor)
 
 
-def _mlflow_sync(records, tracking_uri: str | None) -> int:
-    from ray_ormas._internal.tracking.sync import read_journals, sync_fit
+def _mlflow_sync(records, tracking_uri: str | None, close_as: str | None = None) -> int:
+    from ray_ormas._internal.tracking.sync import read_journals, sync_fit, unended, write_journal
     from ray_ormas._internal.tracking.values import first_line, quick_requests, shown
 
     journals = read_journals(records.store)
@@ -161,6 +168,9 @@ def _mlflow_sync(records, tracking_uri: str | None) -> int:
             return 1
         clients[uri] = client
     for journal in journals:
+        if close_as is not None and journal.get("status") is None:
+            journal.update(unended(close_as))
+            write_journal(records.store, journal)
         uri = tracking_uri or journal["tracking_uri"]
         try:
             r = sync_fit(clients[uri], records, journal, finished=True)

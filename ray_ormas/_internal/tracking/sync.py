@@ -286,6 +286,16 @@ def open_run(client: Any, journal: dict[str, Any]) -> str:
     return run_id
 
 
+def unended(status: str) -> dict[str, Any]:
+    """The journal's closing fields for a fit that never reached its end (`ray-ormas mlflow-sync
+    --close-as`): its status, and an error that says so."""
+    return {
+        "status": status,
+        "error": f"closed as {status} by ray-ormas mlflow-sync: the fit never reached its end "
+        "(a Ray Tune trial that a scheduler stopped, or a driver that was killed)",
+    }
+
+
 def close_run(client: Any, journal: dict[str, Any]) -> None:
     """Closing tags and the final status, as the journal has them."""
     from mlflow.entities import RunTag
