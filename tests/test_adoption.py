@@ -128,17 +128,22 @@ def check_the_fleet_names_rank_1s_nan(result, step: int) -> None:
     assert all(len(losses) == 2 and losses[0] != losses[1] for losses in by_check.values()), by_check
 
 
-@pytest.mark.timeout(300)
-def test_the_quickstart_unchanged_gives_the_fleet_each_ranks_loss_and_a_nan_on_one_rank_is_named(storage):
+def a_nan_on_rank_1_is_named(loop, storage: Path, name: str, step: int) -> None:
+    """Fit `loop` (rank 1's loss NaN at `step`) on 2 workers and check what the fleet says."""
     trainer = RayOrmasTrainer(
-        train_func_nan_on_rank_1,
-        scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="quickstart-nan", storage_path=str(storage)),
+        loop,
+        scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(name=name, storage_path=str(storage)),
         check_every=2,
         verbose=False,
         mlflow=False,
     )
-    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)
+    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=step)
+
+
+@pytest.mark.timeout(300)
+def test_the_quickstart_unchanged_gives_the_fleet_each_ranks_loss_and_a_nan_on_one_rank_is_named(storage):
+    a_nan_on_rank_1_is_named(train_func_nan_on_rank_1, storage, "quickstart-nan", step=4)
 
 
 @pytest.mark.smoke

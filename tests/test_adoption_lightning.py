@@ -10,8 +10,8 @@ from ray.train import RunConfig, ScalingConfig
 from ray_ormas import RayOrmasTrainer
 
 from .test_adoption import (
+    a_nan_on_rank_1_is_named,
     check_one_record_one_run_and_the_fleet,
-    check_the_fleet_names_rank_1s_nan,
     diary,
     digits_dataset,
     events,
@@ -58,12 +58,4 @@ def test_a_lightning_module_on_ray_gets_ormas_monitors_own_callback_on_every_ran
 def test_the_lightning_quickstart_gives_the_fleet_each_ranks_loss_and_a_nan_on_one_rank_is_named(storage):
     from .lightning_quickstart import lightning_train_func_nan_on_rank_1
 
-    trainer = RayOrmasTrainer(
-        lightning_train_func_nan_on_rank_1,
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(name="lightning-nan", storage_path=str(storage)),
-        check_every=2,
-        verbose=False,
-        mlflow=False,
-    )
-    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)
+    a_nan_on_rank_1_is_named(lightning_train_func_nan_on_rank_1, storage, "lightning-nan", step=4)

@@ -8,7 +8,7 @@ from ray.train import RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer
 
-from .test_adoption import check_one_record_one_run_and_the_fleet, check_the_fleet_names_rank_1s_nan
+from .test_adoption import a_nan_on_rank_1_is_named, check_one_record_one_run_and_the_fleet
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -45,12 +45,4 @@ def test_the_transformers_quickstart_gives_the_fleet_each_ranks_loss_and_names_a
     monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
     from .transformers_quickstart import transformers_train_func_nan_on_rank_1
 
-    trainer = RayOrmasTrainer(
-        transformers_train_func_nan_on_rank_1,
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(name="transformers-nan", storage_path=str(storage)),
-        check_every=2,
-        verbose=False,
-        mlflow=False,
-    )
-    check_the_fleet_names_rank_1s_nan(trainer.fit(), step=4)
+    a_nan_on_rank_1_is_named(transformers_train_func_nan_on_rank_1, storage, "transformers-nan", step=4)
