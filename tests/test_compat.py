@@ -233,7 +233,7 @@ def test_the_loss_tap_keeps_the_loss_handed_to_the_monitor_and_a_changed_monitor
     monitor.step()
     assert tap.take() is loss and tap.take() is None  # once
     monitor.step(loss.detach() * 2)
-    assert float(tap.take()) == float(loss) * 2
+    assert float(tap.take()) == float(loss.detach()) * 2
     assert monitor.step_count == 2
     monitor.close()
 
