@@ -74,11 +74,13 @@ def test_a_sweep_gives_each_trial_its_record_and_mlflow_run_and_asha_stops_the_t
     assert run.info.status == "FINISHED" and run.data.params["train_loop_config.lesion"] == "False"
     assert run.data.metrics["ormas/stuck_channels_total"] == 0
 
-    # The stopped trial: Tune ends a trial's actor where it is, so its fit never reaches its end.
-    # Its record holds every check up to the stop; `ray-ormas mlflow-sync --close-as KILLED` makes
-    # its MLflow run from the record and the journal, with the trial's config as params, and closes it.
+    # The stopped trial: Tune ends the trial's actor where it is, so its fit never reaches its end
+    # (the journal has no status). Whether rank 0 closes its monitor while the stop tears the fit
+    # down (run_end carries the error) or is gone first (no run_end) is a race; either way the record
+    # holds every check up to the stop. `ray-ormas mlflow-sync --close-as KILLED` makes its MLflow
+    # run from the record and the journal, with the trial's config as params, and closes it.
     (stopped,) = open_records(runs[True]).segments()
-    assert not stopped.complete and open_records(runs[True]).metrics().num_rows >= 2
+    assert open_records(runs[True]).metrics().num_rows >= 2 and stopped.events >= 2
     synced = subprocess.run(
         [str(Path(sys.executable).with_name("ray-ormas")), "mlflow-sync", str(runs[True]), "--close-as", "KILLED"],
         capture_output=True,
