@@ -123,7 +123,6 @@ def test_healthy_run_reports_rank0_record_and_per_rank_facts(storage):
     }
 
 
-@pytest.mark.smoke
 @pytest.mark.timeout(300)
 def test_repair_is_identical_on_every_rank_and_watch_only_leaves_layers_dead(storage):
     repaired = trainer(
