@@ -131,7 +131,10 @@ def test_a_fast_model_on_a_machine_oversubscribed_twice_over_raises_no_straggler
     # about 1 ms. Such noise once raised "compute" straggler alarms ("4.7 ms against 0.9 ms").
     result = fit(storage, "busy", steps=200, tiny=True, spinners=2, mlflow=False)
     fleet = result.ormas.fleet
-    assert fleet.checks == 40 and all(r["forward_ms"] < 20 for r in fleet.ranks), fleet.table()
+    # The forward times themselves are not asserted: on a machine this oversubscribed a rank's
+    # mean forward time is whatever the scheduler makes it (CI once measured 26 ms on one rank and
+    # 9.5 ms on the other). What must hold is that such noise names no straggler.
+    assert fleet.checks == 40, fleet.table()
     assert [a for a in fleet.alarms if a["kind"] == "straggler"] == [], fleet.table()
     checks = ray_ormas.open_records(storage / "busy").fleet_checks().to_pylist()
     # Each check's timings are the mean of the 5 steps up to it (the first check's: its one step).
