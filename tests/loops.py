@@ -263,6 +263,48 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     return {"step": step, "resumed_from_epoch": state.epoch if state else None, "persisted_lines": persisted}
 
 
+def elastic_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """A resumable DDP loop for elastic fits: the trainer's global batch (`ray_ormas.batch_size()`
+    per rank) over a DistributedSampler of 512 digits, so every epoch is 8 optimizer steps at any
+    world size; a checkpoint every epoch. It stops `epochs_after_growth` epochs into an attempt
+    that resumed at `grown_size` ranks (the same decision on every rank: it depends only on the
+    checkpoint and the world size), else after `epochs`. Options: sleep_per_step."""
+    import time
+
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    x, y, _, _ = load_digits(0)
+    data = TensorDataset(x[:512], y[:512])
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=ray_ormas.batch_size(), sampler=sampler, drop_last=True)
+    model = ray_ormas.prepare_model(DigitsCNN())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+    mon = ray_ormas.monitor(model, opt)
+    state = ray_ormas.load_checkpoint(model, opt, sampler=sampler)
+    step = state.step if state else 0
+    first = state.epoch + 1 if state else 0
+    last = config.get("epochs", 40)
+    if state is not None and world == config.get("grown_size"):
+        last = min(last, first + config.get("epochs_after_growth", 2))
+    for epoch in range(first, last):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            time.sleep(config.get("sleep_per_step", 0))
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            mon.step(loss)
+            opt.step()
+            step += 1
+        checkpoint = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
+        ray_ormas.report({"epoch": epoch, "step": step, "world": world}, checkpoint=checkpoint)
+    return {"step": step, "world": world, "per_rank_batch": ray_ormas.batch_size()}
+
+
 def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
     """FSDP2 training of TinyTransformer on a synthetic sequence task. At step `probe_step` every
     rank gathers the full gradients (a collective) so rank 0 can return the true global norm of

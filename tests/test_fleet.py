@@ -83,7 +83,11 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
     assert sorted(set(checks.column("rank").to_pylist())) == [0, 1]
     assert table.column("kind").to_pylist() == ["straggler"] and table.column("ranks").to_pylist() == [[1]]
     paths = records.write_parquet(storage / "parquet")
-    assert paths["fleet_checks"].is_file() and paths["fleet_alarms"].is_file()
+    assert paths["fleet_checks"].is_file() and paths["fleet_alarms"].is_file() and paths["fleet_attempts"].is_file()
+    # A fixed fit's one attempt: its world size, where it started; no resize.
+    attempts = records.fleet_attempts().to_pylist()
+    assert [(a["event"], a["world_size"], a["run_step"]) for a in attempts] == [("start", 2, 0)]
+    assert result.ormas.fleet.resizes == []
 
     # MLflow (the default embedded store): per-rank scores and the alarm, at run steps.
     client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'slow' / 'mlflow' / 'mlflow.db'}")
@@ -313,7 +317,7 @@ def test_a_checks_timings_are_the_median_of_the_steps_up_to_it():
 
     torch.manual_seed(0)
     model, inbox, every = tiny_cnn(), _Inbox(), 5
-    probe = RankProbe(model, inbox, "token", rank=0, node="10.0.0.1")
+    probe = RankProbe(model, inbox, "token", rank=0, node="10.0.0.1", world_size=1)
     x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
     # Steps 0-19, checks at 0, 5, 10, 15: a 40 ms hiccup before the forward of step 10 (a checked
     # step, the last of its window), then before every forward (a rank slow at every step).

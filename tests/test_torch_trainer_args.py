@@ -118,12 +118,3 @@ print("ray initialized:", ray.is_initialized())
 def test_local_mode_with_fsdp_is_refused_on_the_driver():
     with pytest.raises(ValueError, match=r"strategy='fsdp' needs a process group.*local mode \(num_workers=0\)"):
         RayOrmasTrainer(loops.local_mode_loop, strategy="fsdp", scaling_config=ScalingConfig(num_workers=0))
-
-
-def test_elastic_ranges_are_refused_on_the_driver_saying_why():
-    with pytest.raises(
-        ValueError,
-        match=r"num_workers=\(1, 4\)\) asks for elastic training.*one world size per fit"
-        r".*Give a fixed num_workers",
-    ):
-        RayOrmasTrainer(loops.local_mode_loop, scaling_config=ScalingConfig(num_workers=(1, 4)))

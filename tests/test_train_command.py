@@ -75,6 +75,17 @@ train: {epochs: 1, batch: {size: 32}}
             ["train.batch={size: 30, per: global}", "scaling.workers=4"],
             ["a global batch of 30 does not split evenly over 4 workers", "scaling.workers in a YAML config"],
         ),
+        (MINIMAL, ["scaling.workers=[4, 2]"], ["scaling.workers: the elastic range [4, 2] has its minimum above"]),
+        (MINIMAL, ["scaling.workers=[0, 4]"], ["scaling.workers: the elastic range [0, 4] starts below 1 worker"]),
+        (MINIMAL, ["scaling.workers=0"], ["scaling.workers: give 1 or more workers (got 0)"]),
+        (
+            MINIMAL,
+            ["train.batch={size: 5, per: global}", "scaling.workers=[2, 4]"],
+            [
+                "a global batch of 5 (1 accumulation step(s)) splits evenly at no world size",
+                "scaling.workers in a YAML",
+            ],
+        ),
         (MINIMAL, ["strategy=fsdp", "monitor.repair=true"], ["repair is not possible with strategy='fsdp'"]),
         (MINIMAL, ["sync_batchnorm=true"], ["sync_batchnorm=True needs GPU workers"]),
         (MINIMAL, ["trainn.epochs=2"], ["trainn: unknown key"]),
@@ -213,7 +224,7 @@ def test_the_yaml_sections_are_the_python_settings_and_every_field_round_trips(t
     )
     assert from_yaml.settings == from_python.settings == m
     assert from_yaml.mlflow == from_python.mlflow == python[MLflowSettings]
-    assert from_yaml.batch == from_python.batch
+    assert from_yaml.batches == from_python.batches
     assert from_yaml.fleet == from_python.fleet == python[FleetSettings] and job.train.batch == python[BatchSize]
 
 

@@ -219,16 +219,29 @@ def _report(records, out: Path, monitor: str | None) -> int:
 
 def _fleet_report(records) -> None:
     """Each fit's fleet health (when it was on): the per-rank table and the alarms."""
-    from ray_ormas._internal.record.fleet_record import fleet_folder, fleet_summary, read_fleet
+    from ray_ormas._internal.record.fleet_record import (
+        fleet_folder,
+        fleet_summary,
+        ranks_label,
+        read_fleet,
+        read_fleet_attempts,
+    )
 
     for fit_id in records.fleets():
         meta, checks, alarms = read_fleet(records.store, fit_id)
-        summary = fleet_summary(records.store.shown(fleet_folder(records.store, fit_id)), checks, alarms)
+        attempts = read_fleet_attempts(records.store, fit_id)
+        summary = fleet_summary(
+            records.store.shown(fleet_folder(records.store, fit_id)), checks, alarms, None, attempts
+        )
         print(
-            f"fleet of fit {fit_id}: {meta.get('world_size', '?')} ranks, {summary.checks} checks, "
+            f"fleet of fit {fit_id}: {ranks_label(meta)}, {summary.checks} checks, "
             f"{len(alarms)} alarms  ({summary.record})"
         )
         print(summary.table())
+        for a in summary.resizes:
+            print(
+                f"    resized at run step {a.get('run_step')}: {a.get('resized_from')} -> {a.get('world_size')} ranks"
+            )
         for a in alarms:
             print(f"    alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
 

@@ -75,7 +75,7 @@ def train(path: str, overrides: list[str], *, dry_run: bool = False) -> int:
         command_logger.error("ray-ormas train: %s: %s", path, shortfall)
         return 2
     say(
-        f"training {job.name!r}: {job.scaling.workers} worker(s), strategy {job.strategy}, "
+        f"training {job.name!r}: {job.scaling.describe()}, strategy {job.strategy}, "
         f"{job.train.epochs} epoch(s); waiting for Ray Train to start the workers ..."
     )
     started = time.monotonic()
@@ -148,7 +148,7 @@ def build_trainer(job: JobConfig) -> Any:
     fleet: FleetSettings | bool = True if job.fleet == FleetSettings() else job.fleet
     with _named("scaling"):
         scaling = ScalingConfig(
-            num_workers=job.scaling.workers,
+            num_workers=job.scaling.num_workers,
             use_gpu=job.scaling.use_gpu,
             resources_per_worker=dict(job.scaling.resources_per_worker) or None,
         )
@@ -219,14 +219,14 @@ def _start_ray(job: JobConfig) -> str | None:
     from ray.train import ScalingConfig
 
     scaling = ScalingConfig(
-        num_workers=job.scaling.workers,
+        num_workers=job.scaling.num_workers,
         use_gpu=job.scaling.use_gpu,
         resources_per_worker=dict(job.scaling.resources_per_worker) or None,
     )
     have, need = ray.cluster_resources(), per_worker(scaling)
     say(
         f"Ray is up: {have.get('CPU', 0):g} CPUs, {have.get('GPU', 0):g} GPUs in the cluster; the workers need "
-        f"{job.scaling.workers * need.get('CPU', 0):g} CPUs, {job.scaling.workers * need.get('GPU', 0):g} GPUs"
+        f"{job.scaling.min_workers * need.get('CPU', 0):g} CPUs, {job.scaling.min_workers * need.get('GPU', 0):g} GPUs"
     )
     shortfall = check_capacity(scaling, keys=CLI_SCALING_KEYS)
     if shortfall is None:

@@ -47,6 +47,7 @@ from pydantic import (
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.common.options import describe_errors
+from ray_ormas._internal.common.scaling import elastic_range
 from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
 from ray_ormas.errors import ConfigError
 
@@ -142,11 +143,42 @@ class TrainSection(Section):
 
 
 class ScalingSection(Section):
-    workers: PositiveInt = Field(default=1, description="Ray Train workers (ranks)")
+    workers: Union[int, list[int]] = Field(
+        default=1,
+        description="Ray Train workers (ranks): a number, or `[min, max]` for an elastic fit that Ray "
+        "restarts at another size as nodes come and go (docs/elastic.md)",
+    )
     use_gpu: bool = Field(default=False, description="one GPU per worker")
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict, description="e.g. {CPU: 4, GPU: 1}; Ray's defaults if empty"
     )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _elastic_range(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            elastic_range(value)  # raises, saying what to give
+            return list(value)
+        if isinstance(value, bool):
+            raise ValueError(f"give a number of workers (got {value}), or [min, max] for an elastic fit")
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"give 1 or more workers (got {value}), or [min, max] for an elastic fit")
+        return value
+
+    @property
+    def num_workers(self) -> int | tuple[int, int]:
+        """What `ScalingConfig(num_workers=...)` takes: the count, or the elastic (min, max)."""
+        return self.workers if isinstance(self.workers, int) else (self.workers[0], self.workers[1])
+
+    @property
+    def min_workers(self) -> int:
+        return self.workers if isinstance(self.workers, int) else self.workers[0]
+
+    def describe(self) -> str:
+        """'2 worker(s)', or '1 to 4 workers (elastic)'."""
+        if isinstance(self.workers, int):
+            return f"{self.workers} worker(s)"
+        return f"{self.workers[0]} to {self.workers[1]} workers (elastic)"
 
 
 class StorageSection(Section):

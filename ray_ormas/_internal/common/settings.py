@@ -209,9 +209,11 @@ class BatchSize:
         accumulation: micro-batches per optimizer step (gradient accumulation), >= 1.
 
     The trainer checks it against `ScalingConfig.num_workers` on the driver: a global size that
-    does not split evenly is refused there. Inside the loop, `ray_ormas.batch_size()` is the
-    per-rank micro-batch size; the effective batch (samples per optimizer step over all ranks)
-    goes to MLflow params, every segment's `segment.json` and the reports (`ormas/effective_batch`).
+    does not split evenly is refused there. With an elastic range `num_workers=(min, max)` a global
+    size is split again at each world size (`elastic_splits`, the rule in docs/elastic.md).
+    Inside the loop, `ray_ormas.batch_size()` is the per-rank micro-batch size; the effective
+    batch (samples per optimizer step over all ranks) goes to MLflow params, every segment's
+    `segment.json` and the reports (`ormas/effective_batch`).
     """
 
     size: int = Field(ge=1, description="samples per batch: per rank or global, as `per` says")
@@ -250,3 +252,48 @@ class BatchSize:
             "per_rank": self.per_rank(world_size),
             "effective": self.effective(world_size),
         }
+
+    def elastic_splits(self, min_workers: int, max_workers: int, option: str) -> dict[int, dict[str, Any]]:
+        """The batch at every world size of an elastic range, keyed by world size (the rule of
+        docs/elastic.md). A per-rank size is the same at every size. A global size is split at
+        each size; where a size cannot split it evenly, each rank loads the split rounded down
+        (`per_rank = size // (world x accumulation)`), so that attempt trains on a smaller
+        effective batch, which its segment records (`"rounded": true`). Refused: a range in
+        which no size splits the global batch evenly, and a size at which a rank would load no
+        sample. `option` names the range in the caller's words."""
+        sizes = range(min_workers, max_workers + 1)
+        if self.per == "rank":
+            return {w: self.to_dict(w) for w in sizes}
+        even = [w for w in sizes if self.size % (w * self.accumulation) == 0]
+        if not even:
+            raise ValueError(
+                f"a global batch of {self.size} ({self.accumulation} accumulation step(s)) splits "
+                f"evenly at no world size of {option} = [{min_workers}, {max_workers}]: every attempt "
+                f"would train on a smaller batch than asked. Use a global batch that some size in the "
+                f"range divides (e.g. {_multiple(self.size, max_workers * self.accumulation)}), or "
+                f"per: rank"
+            )
+        too_many = [w for w in sizes if self.size // (w * self.accumulation) == 0]
+        if too_many:
+            raise ValueError(
+                f"a global batch of {self.size} ({self.accumulation} accumulation step(s)) gives no "
+                f"sample to each rank at {too_many[0]} workers, which {option} = [{min_workers}, "
+                f"{max_workers}] allows: lower the maximum to {too_many[0] - 1}, or raise the batch"
+            )
+        out = {}
+        for w in sizes:
+            per_rank = self.size // (w * self.accumulation)
+            out[w] = {
+                "size": self.size,
+                "per": self.per,
+                "accumulation": self.accumulation,
+                "per_rank": per_rank,
+                "effective": per_rank * w * self.accumulation,
+                "rounded": w not in even,
+            }
+        return out
+
+
+def _multiple(size: int, parts: int) -> int:
+    """The multiple of `parts` nearest `size` (at least `parts`)."""
+    return max(parts, round(size / parts) * parts)

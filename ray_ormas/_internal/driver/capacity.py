@@ -44,7 +44,7 @@ def check_capacity(scaling: ScalingConfig, *, keys: dict[str, str] | None = None
     }
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     need = per_worker(scaling)
-    workers = int(scaling.num_workers)
+    workers = int(scaling.min_workers)  # an elastic fit starts once its minimum fits
     for resource, amount in sorted(need.items()):
         largest = max((float(n.get(resource, 0)) for n in nodes), default=0.0)
         if amount > largest:

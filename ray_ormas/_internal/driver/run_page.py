@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.record.fleet_record import read_fleet
+from ray_ormas._internal.record.fleet_record import ranks_label, read_fleet, read_fleet_attempts
 from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
 from ray_ormas._internal.record.reader import RunRecords, Segment
 from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
@@ -84,7 +84,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
         _attempts_section(facts, segments, events, end),
         _metrics_section(journals, rows, segments, end),
         _layers_section(monitors, segments, events, store.root),
-        _fleet_section(fleets),
+        _fleet_section(fleets, {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets}),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
 
@@ -311,7 +311,10 @@ def _badges(counts: Counter[str]) -> str:
 
 
 # ------------------------------------------------------------------ fleet health
-def _fleet_section(fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]) -> str:
+def _fleet_section(
+    fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]],
+    fleet_attempts: dict[str, list[dict[str, Any]]],
+) -> str:
     if not fleets:
         return (
             "<section id='fleet'><h2>Fleet health</h2>"
@@ -324,11 +327,18 @@ def _fleet_section(fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]],
             f"<li><b>{_e(str(a.get('kind')))}</b> at run step {_n(a.get('run_step'))}: {_e(str(a.get('message')))}</li>"
             for a in alarms
         )
+        resizes = "".join(
+            f"<li class='resize'>resized at run step {_n(a.get('run_step'))}: {_n(a.get('resized_from'))} to "
+            f"{_n(a.get('world_size'))} ranks (attempt {_n(a.get('attempt'))})</li>"
+            for a in fleet_attempts.get(fit_id, [])
+            if a.get("event") == "resize"
+        )
         out.append(
-            f"<h3>fit {_e(fit_id)}: {_n(meta.get('world_size'))} ranks, "
+            f"<h3>fit {_e(fit_id)}: {_e(ranks_label(meta))}, "
             f"{len({(c['attempt'], c['check']) for c in checks})} checks, {len(marks)} alarms</h3>"
             + _heatmap("busy time (data + forward), ms", checks, marks, _busy_ms, "busy")
             + _heatmap("straggler score (1 = as fast as the others)", checks, marks, _score, "score")
+            + (f"<ul class='resizes'>{resizes}</ul>" if resizes else "")
             + (f"<ul class='alarms'>{listed}</ul>" if listed else "<p class='note'>No alarm.</p>")
         )
     return (

@@ -47,6 +47,7 @@ from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.common.scaling import elastic_range
 from ray_ormas._internal.common.settings import (
     DEFAULT_SYNC_TIMEOUT_S,
     BatchSize,
@@ -192,7 +193,10 @@ class RayOrmasTrainer:
         metadata, resume_from_checkpoint: as for `TorchTrainer`, passed to it unchanged, and
             checked by it here (Ray Train V2 refuses metadata and resume_from_checkpoint). With
             `ScalingConfig(num_workers=0)` (Ray Train's local mode) the loop runs in this process
-            with the monitor, for debugging. Elastic `num_workers=(min, max)` is refused here.
+            with the monitor, for debugging. With an elastic `num_workers=(min, max)` Ray Train
+            restarts the worker group at another size as nodes come and go; each attempt is a
+            segment of the record with its world size, and a global batch is split again at each
+            size (docs/elastic.md).
     """
 
     def __init__(
@@ -247,14 +251,8 @@ class RayOrmasTrainer:
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
             raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
-        workers = self.scaling_config.num_workers
-        if isinstance(workers, tuple):
-            raise ValueError(
-                f"ScalingConfig(num_workers={workers!r}) asks for elastic training, which RayOrmasTrainer "
-                f"does not run: its report rendezvous, the fleet's rank comparison and a global batch's "
-                f"split are set up for one world size per fit. Give a fixed num_workers; a restart from "
-                f"a checkpoint with another num_workers continues the record in a new linked segment"
-            )
+        self.elastic = elastic_range(self.scaling_config.num_workers, "ScalingConfig(num_workers=...)")
+        workers = self.elastic[1] if self.elastic is not None else self.scaling_config.num_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(
                 f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
@@ -292,8 +290,8 @@ class RayOrmasTrainer:
                 f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
                 f"got {type(batch).__name__}"
             )
-        self.world_size = max(workers, 1)  # local mode (0 workers): the driver is rank 0
-        self.batch = batch.to_dict(self.world_size) if batch is not None else None  # refuses an uneven split
+        self.world_size = max(workers, 1)  # local mode (0 workers): the driver is rank 0; elastic: the maximum
+        self.batches = _batch_splits(batch, self.world_size, self.elastic)  # refuses an uneven split
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
@@ -358,13 +356,15 @@ class RayOrmasTrainer:
                 )
         fit_id = uuid.uuid4().hex
         tracking = self._tracking_spec(fit_id)
-        workers, local = self.world_size, self.scaling_config.num_workers == 0
+        local = self.scaling_config.num_workers == 0
         fleet = (
             None
             if self.fleet is None
-            else FleetSpec(self.fleet, self.store, fit_id, self.run_config.name, workers, self.strategy)
+            else FleetSpec(
+                self.fleet, self.store, fit_id, self.run_config.name, self.world_size, self.strategy, self.elastic
+            )
         )
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(workers, tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
         callback = LedgerCallback(ledger, tracking is not None)
         plan = WorkerPlan(
             settings=self.settings,
@@ -376,7 +376,7 @@ class RayOrmasTrainer:
             tracked=tracking is not None,
             fleet=fleet is not None,
             sync_batchnorm=self.sync_batchnorm,
-            batch=self.batch,
+            batches=self.batches,
             local_reports=callback if local else None,
             frameworks=self.frameworks,
         )
@@ -462,9 +462,9 @@ class RayOrmasTrainer:
             "monitor": self.settings.to_dict(),
             "strategy": self.strategy,
             "sync_batchnorm": self.sync_batchnorm,
-            "batch": self.batch or {},
+            "batch": _batch_params(self.batches),
             "scaling": {
-                "num_workers": sc.num_workers,
+                "num_workers": list(sc.num_workers) if isinstance(sc.num_workers, tuple) else sc.num_workers,
                 "use_gpu": sc.use_gpu,
                 "resources_per_worker": sc.resources_per_worker or {},
             },
@@ -513,6 +513,46 @@ class RayOrmasTrainer:
                 self.store.shown(),
             )
         return outcome
+
+
+def _batch_splits(
+    batch: BatchSize | None, world_size: int, elastic: tuple[int, int] | None
+) -> dict[int, dict[str, Any]] | None:
+    """The batch at each world size the fit may run at (driver side, before anything starts): at
+    the one size of a fixed fit, where an uneven global split is refused; at every size of an
+    elastic range, by the rule of `BatchSize.elastic_splits` (docs/elastic.md), saying which
+    sizes train on a smaller effective batch."""
+    if batch is None:
+        return None
+    if elastic is None:
+        return {world_size: batch.to_dict(world_size)}
+    splits = batch.elastic_splits(*elastic, option="ScalingConfig(num_workers=...) (scaling.workers in a YAML config)")
+    rounded = {w: s["effective"] for w, s in splits.items() if s.get("rounded")}
+    if rounded:
+        logger.warning(
+            "a global batch of %d does not split evenly at %s: at those sizes each rank loads %s, so the "
+            "optimizer step sees %s samples; each segment records its own split (docs/elastic.md)",
+            batch.size,
+            " or ".join(f"{w} workers" for w in rounded),
+            " / ".join(str(splits[w]["per_rank"]) for w in rounded),
+            " / ".join(str(e) for e in rounded.values()),
+        )
+    return splits
+
+
+def _batch_params(batches: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
+    """The MLflow run's `batch.*` params: the batch as given; per rank and effective at the one
+    size of a fixed fit, or for each size of an elastic range (`per_rank.<workers>`, ...)."""
+    if not batches:
+        return {}
+    if len(batches) == 1:
+        return next(iter(batches.values()))
+    first = next(iter(batches.values()))
+    return {
+        **{k: first[k] for k in ("size", "per", "accumulation")},
+        "per_rank": {str(w): s["per_rank"] for w, s in batches.items()},
+        "effective": {str(w): s["effective"] for w, s in batches.items()},
+    }
 
 
 def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | None:

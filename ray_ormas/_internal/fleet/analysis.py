@@ -62,7 +62,7 @@ class FleetAnalyzer:
     """Scores and alarms of one fit's fleet (see the module docstring)."""
 
     settings: FleetSettings
-    world: int
+    world: int  # the ranks of a check when its facts do not say (an elastic fit's say, per attempt)
     compare_digests: bool  # DDP: replicas must agree
     _pending: dict[tuple[int, int], dict[int, dict[str, Any]]] = field(default_factory=dict)
     _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
@@ -83,7 +83,7 @@ class FleetAnalyzer:
         key = (attempt, int(facts["check"]))
         got = self._pending.setdefault(key, {})
         got[int(facts["rank"])] = facts
-        if len(got) < self.world:
+        if len(got) < int(facts.get("world") or self.world):  # the ranks of this attempt
             if len(self._pending) > KEEP_PENDING_CHECKS:
                 oldest = min(self._pending)
                 del self._pending[oldest]

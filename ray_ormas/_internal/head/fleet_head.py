@@ -29,7 +29,9 @@ from ray_ormas._internal.record.fleet_record import (
     FleetSummary,
     fleet_summary,
     mlflow_entries,
+    ranks_label,
     read_fleet,
+    read_fleet_attempts,
 )
 from ray_ormas._internal.record.store import RecordStore
 
@@ -45,8 +47,9 @@ class FleetSpec:
     store: RecordStore
     fit_id: str
     run_name: str
-    world: int
+    world: int  # the largest world size (an elastic fit's maximum)
     strategy: str
+    elastic: tuple[int, int] | None = None  # (min, max) workers of an elastic fit
 
 
 class FleetHead:
@@ -64,6 +67,7 @@ class FleetHead:
                 "fit_id": spec.fit_id,
                 "run_name": spec.run_name,
                 "world_size": spec.world,
+                "elastic": list(spec.elastic) if spec.elastic is not None else None,
                 "strategy": spec.strategy,
                 "settings": s.to_dict(),
             },
@@ -81,9 +85,39 @@ class FleetHead:
         self._complete = 0
         self._last_run_step = 0
         self._hangs_seen = False
+        self._last_world: int | None = None
+        self._label = ranks_label({"world_size": spec.world, "elastic": spec.elastic and list(spec.elastic)})
 
-    def offset(self, attempt: int, offset: int) -> None:
+    def offset(self, attempt: int, offset: int, world_size: int | None = None) -> None:
+        """Rank 0's main monitor of attempt `attempt` starts at run step `offset`, with
+        `world_size` ranks: one line in the fleet record's attempts, "resize" when an elastic
+        fit restarted at another size (an event, never an alarm: the ranks are compared within
+        one attempt)."""
         self._analyzer.set_offset(attempt, offset)
+        if world_size is None:
+            return
+        previous, self._last_world = self._last_world, world_size
+        line: dict[str, Any] = {
+            "attempt": attempt,
+            "world_size": world_size,
+            "run_step": offset,
+            "time": round(time.time(), 3),
+        }
+        if previous is None:
+            line["event"] = "start"
+        elif previous == world_size:
+            line["event"] = "restart"
+        else:
+            line.update(event="resize", resized_from=previous)
+            logger.info(
+                "fleet: attempt %d runs on %d ranks (was %d, %s) from run step %d",
+                attempt,
+                world_size,
+                previous,
+                self._label,
+                offset,
+            )
+        self._record.append("attempts", [line], urgent=True)
 
     def facts(self, attempt: int, facts: dict[str, Any]) -> None:
         """One rank's facts at one check (worker/fleet_probe.py)."""
@@ -144,5 +178,6 @@ class FleetHead:
         self._record.close()
         store = self._spec.store
         _, checks, alarms = read_fleet(store, self._spec.fit_id)
+        attempts = read_fleet_attempts(store, self._spec.fit_id)
         per_check = self._head_s / self._complete * 1000 if self._complete else None
-        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check)
+        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check, attempts)

@@ -33,7 +33,9 @@ It does three things:
 The ledger is created by the driver on the head node (as Ray Train pins its own state actor,
 so that losing a worker node never takes the ledger along), lives as long as the driver's
 handle, and is killed by the trainer when `fit()` ends. Rank 0 also checks in at the ledger at
-the start of each worker-group attempt (`begin_attempt`), which numbers the attempts.
+the start of each worker-group attempt (`begin_attempt`), which numbers the attempts and keeps
+each one's world size: an elastic fit (`ScalingConfig(num_workers=(min, max))`) restarts the
+group at another size, and each rendezvous waits for the ranks of its own attempt.
 """
 
 from __future__ import annotations
@@ -57,8 +59,7 @@ class _Meeting:
 class RunLedger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
 
-    def __init__(self, world_size: int, tracking: Any = None, fleet: Any = None) -> None:
-        self._world = world_size
+    def __init__(self, tracking: Any = None, fleet: Any = None) -> None:
         self._tracking = None
         if tracking is not None:  # a WriterSpec: the fit is tracked in MLflow
             from ray_ormas._internal.head.mlflow_writer import TrackingWriter
@@ -77,18 +78,24 @@ class RunLedger:
         self._rank0_closing: dict[str, asyncio.Event] = {}
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
+        self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
 
-    def begin_attempt(self, token: str) -> int:
-        """Rank 0 of a worker-group attempt checks in; returns the attempt's index (0, 1, ...)."""
+    def begin_attempt(self, token: str, world_size: int | None = None) -> int:
+        """Rank 0 of a worker-group attempt checks in (with its world size); returns the
+        attempt's index (0, 1, ...). Other calls use it to number the attempt of a token."""
         if token not in self._attempts:
             self._attempts.append(token)
-        return self._attempts.index(token)
+        attempt = self._attempts.index(token)
+        if world_size is not None:
+            self._worlds[attempt] = world_size
+        return attempt
 
     # -------------------------------------------------------------- fleet health (head/fleet_head.py)
     def fleet_offset(self, token: str, offset: int) -> None:
         """Rank 0: the run step at which this attempt's main monitor starts."""
         if self._fleet is not None:
-            self._fleet.offset(self.begin_attempt(token), offset)
+            attempt = self.begin_attempt(token)
+            self._fleet.offset(attempt, offset, self._worlds.get(attempt))
 
     def fleet_facts(self, token: str, facts: dict[str, Any]) -> None:
         """One rank's facts at one check."""
@@ -112,12 +119,13 @@ class RunLedger:
         return await asyncio.to_thread(self._fleet.finish)
 
     async def arrive(
-        self, token: str, seq: int, rank: int, kind: str, step: int, checkpoint: bool = False
+        self, token: str, seq: int, rank: int, kind: str, step: int, checkpoint: bool, world_size: int
     ) -> dict[int, Arrival]:
-        """Wait until every rank has arrived at meeting (token, seq); return what each said."""
+        """Wait until every rank of the attempt (`world_size` of them) has arrived at meeting
+        (token, seq); return what each said."""
         m = self._meetings.setdefault((token, seq), _Meeting())
         m.arrivals[rank] = Arrival(kind, step, checkpoint)
-        if len(m.arrivals) >= self._world:
+        if len(m.arrivals) >= world_size:
             m.done.set()
         await m.done.wait()
         return dict(m.arrivals)
@@ -180,7 +188,7 @@ class RunLedger:
 
     def track_attempt(self, attempt: int, offset: int) -> None:
         if self._tracking is not None:
-            self._tracking.attempt_started(attempt, offset)
+            self._tracking.attempt_started(attempt, offset, self._worlds.get(attempt))
 
     async def track_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any) -> None:
         if self._tracking is not None:  # writes the journal to storage: off the event loop

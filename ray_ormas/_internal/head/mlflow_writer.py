@@ -147,12 +147,16 @@ class TrackingWriter:
             if not self._closed:
                 self._add(entries)
 
-    def attempt_started(self, attempt: int, offset: int) -> None:
-        """Rank 0's main monitor of a new attempt starts at run step `offset`."""
+    def attempt_started(self, attempt: int, offset: int, world_size: int | None = None) -> None:
+        """Rank 0's main monitor of a new attempt starts at run step `offset`, with `world_size`
+        ranks (`ormas/world_size` there: an elastic fit's sizes, attempt by attempt)."""
         with self._lock:
             self._attempt = attempt
             if not self._closed:
-                self._add([(keys.ATTEMPT, float(attempt), int(offset))])
+                entries = [(keys.ATTEMPT, float(attempt), int(offset))]
+                if world_size is not None:
+                    entries.append((keys.WORLD_SIZE, float(world_size), int(offset)))
+                self._add(entries)
 
     def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
         """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""

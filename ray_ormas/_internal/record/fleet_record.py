@@ -5,8 +5,10 @@ Layout, under the record root (record/store.py), one folder per `fit()`:
     ormas/fleet/<fit id>/fleet.json      world size, strategy, settings, run name
     ormas/fleet/<fit id>/checks.jsonl    one line per rank per check: timings, loss, digest, scores
     ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
+    ormas/fleet/<fit id>/attempts.jsonl  one line per worker-group attempt: its world size and first run
+                                         step; `"event": "resize"` when an elastic fit's size changed
 
-Both files are append-only. On a local (or mounted) store the head appends to them in place and
+The files are append-only. On a local (or mounted) store the head appends to them in place and
 flushes every line; on object storage it appends to a copy on the head node and sends the new lines
 (record/uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends).
 A rerun is another fit with its own folder, so nothing a previous fit wrote is touched.
@@ -33,7 +35,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.record.layout import FLEET_ALARMS, FLEET_CHECKS, FLEET_DIR, FLEET_META
+from ray_ormas._internal.record.layout import FLEET_ALARMS, FLEET_ATTEMPTS, FLEET_CHECKS, FLEET_DIR, FLEET_META
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
 
@@ -79,7 +81,7 @@ class FleetRecordWriter:
             (self._local / FLEET_META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         except OSError as e:
             self._fail(e)
-        self._files = {name: self._open(name) for name in ("checks", "alarms")}
+        self._files = {name: self._open(name) for name in ("checks", "alarms", "attempts")}
         if not store.is_local:
             self._dirty.set()
             threading.Thread(target=self._uploader, name="ray-ormas-fleet-upload", daemon=True).start()
@@ -187,6 +189,20 @@ def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[di
     )
 
 
+def read_fleet_attempts(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
+    """One fit's attempt lines (world size, first run step, resize or not); empty for a fleet
+    record written before they existed."""
+    return store.read_lines(posixpath.join(fleet_folder(store, fit_id), FLEET_ATTEMPTS))
+
+
+def ranks_label(meta: dict[str, Any]) -> str:
+    """'2 ranks', or '1 to 2 ranks (elastic)' for an elastic fit's fleet record."""
+    elastic = meta.get("elastic")
+    if isinstance(elastic, list) and len(elastic) == 2:
+        return f"{elastic[0]} to {elastic[1]} ranks (elastic)"
+    return f"{meta.get('world_size', '?')} ranks"
+
+
 # ------------------------------------------------------------------ the summary
 @dataclass(frozen=True)
 class FleetSummary:
@@ -201,6 +217,9 @@ class FleetSummary:
         loss_mean / loss_rank0: the fleet's mean loss and rank 0's at the last check.
         head_ms_per_check: the head node's CPU time per check (analysis, record, metrics, MLflow
             entries), when measured.
+        attempts: one dict per worker-group attempt (`attempt`, `world_size`, `run_step`, `event`:
+            "start", "restart" at the same size, or "resize" with `resized_from`), oldest first.
+            An elastic fit's resizes are here, never among the alarms.
     """
 
     record: str
@@ -210,6 +229,12 @@ class FleetSummary:
     loss_mean: float | None = None
     loss_rank0: float | None = None
     head_ms_per_check: float | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def resizes(self) -> list[dict[str, Any]]:
+        """The attempts that started at another world size than the one before."""
+        return [a for a in self.attempts if a.get("event") == "resize"]
 
     def table(self) -> str:
         """The per-rank table, as the end-of-run summary prints it."""
@@ -225,9 +250,13 @@ class FleetSummary:
 
 
 def fleet_summary(
-    record: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]], head_ms_per_check: float | None = None
+    record: str,
+    checks: list[dict[str, Any]],
+    alarms: list[dict[str, Any]],
+    head_ms_per_check: float | None = None,
+    attempts: list[dict[str, Any]] | None = None,
 ) -> FleetSummary:
-    """The summary of one fit's check and alarm lines."""
+    """The summary of one fit's check, alarm and attempt lines."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
     for line in checks:
         per_rank.setdefault(int(line["rank"]), []).append(line)
@@ -261,6 +290,7 @@ def fleet_summary(
         loss_mean=statistics.fmean(losses) if losses else None,
         loss_rank0=rank0,
         head_ms_per_check=head_ms_per_check,
+        attempts=list(attempts or []),
     )
 
 

@@ -6,6 +6,7 @@
     records.metrics()                   # pyarrow.Table: one row per check
     records.fleet_checks()              # pyarrow.Table: one row per rank per check (fleet health)
     records.fleet_alarms()              # pyarrow.Table: one row per fleet alarm
+    records.fleet_attempts()            # pyarrow.Table: one row per attempt: world size, resize or not
     records.write_parquet("out/")       # out/events.parquet, out/metrics.parquet, out/fleet_*.parquet
     records.rebuild_reports("local/")   # each segment copied here, its HTML reports rebuilt, verified
 
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet
+from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet, read_fleet_attempts
 from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import diary_tail, read_link
@@ -88,6 +89,17 @@ FLEET_CHECKS_SCHEMA = pa.schema(
         ("individual_score", pa.float64()),
         ("slow", pa.bool_()),
         ("slow_in", pa.string()),
+    ]
+)
+FLEET_ATTEMPTS_SCHEMA = pa.schema(
+    [
+        ("fit_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("world_size", pa.int32()),
+        ("run_step", pa.int64()),
+        ("time", pa.float64()),
+        ("event", pa.string()),
+        ("resized_from", pa.int32()),
     ]
 )
 FLEET_ALARMS_SCHEMA = pa.schema(
@@ -230,6 +242,16 @@ class RunRecords:
                 rows.append({**{k: line.get(k) for k in FLEET_CHECKS_SCHEMA.names}, "fit_id": fit_id})
         return pa.Table.from_pylist(rows, schema=FLEET_CHECKS_SCHEMA)
 
+    def fleet_attempts(self) -> pa.Table:
+        """Fleet health, every fit: one row per worker-group attempt, with its world size and
+        first run step; `event` is "start", "restart" (same size) or "resize" (`resized_from`)."""
+        rows = [
+            {**{k: line.get(k) for k in FLEET_ATTEMPTS_SCHEMA.names}, "fit_id": fit_id}
+            for fit_id in self.fleets()
+            for line in read_fleet_attempts(self.store, fit_id)
+        ]
+        return pa.Table.from_pylist(rows, schema=FLEET_ATTEMPTS_SCHEMA)
+
     def fleet_alarms(self) -> pa.Table:
         """Fleet health, every fit: one row per alarm; `line` is the whole alarm as JSON."""
         rows = []
@@ -248,7 +270,8 @@ class RunRecords:
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
         """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
         its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
-        folder), and `fleet_checks.parquet` and `fleet_alarms.parquet` when there is a fleet record."""
+        folder), and `fleet_checks.parquet`, `fleet_alarms.parquet` and `fleet_attempts.parquet`
+        when there is a fleet record."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -265,9 +288,14 @@ class RunRecords:
         ]
         pq.write_table(pa.Table.from_pylist(rows), paths["segments"])
         if self.fleets():
-            paths.update(fleet_checks=out / "fleet_checks.parquet", fleet_alarms=out / "fleet_alarms.parquet")
+            paths.update(
+                fleet_checks=out / "fleet_checks.parquet",
+                fleet_alarms=out / "fleet_alarms.parquet",
+                fleet_attempts=out / "fleet_attempts.parquet",
+            )
             pq.write_table(self.fleet_checks(), paths["fleet_checks"])
             pq.write_table(self.fleet_alarms(), paths["fleet_alarms"])
+            pq.write_table(self.fleet_attempts(), paths["fleet_attempts"])
         return paths
 
     def rebuild_reports(self, out_dir: str | os.PathLike, monitor: str | None = None) -> list[SegmentReport]:

@@ -157,6 +157,8 @@ def record_entries(records: RunRecords, fit_id: str, up_to_attempt: int | None =
         offset = seg.step_offset
         if prefix == "ormas":
             out.append((keys.ATTEMPT, float(attempt), offset))
+            if isinstance(seg.link.get("world_size"), int):
+                out.append((keys.WORLD_SIZE, float(seg.link["world_size"]), offset))
         for row in records.store.read_lines(posixpath.join(seg.path, METRICS)):
             if isinstance(row.get("step"), int):
                 out += naming.entries("metrics", {**row, "step": row["step"] + offset})

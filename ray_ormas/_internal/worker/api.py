@@ -66,7 +66,7 @@ def prepare_model(
 
 def batch_size() -> int:
     """This rank's micro-batch size, from the trainer's `batch=ray_ormas.BatchSize(...)`."""
-    batch = _session("batch_size").plan.batch
+    batch = _session("batch_size").batch
     if batch is None:
         raise RuntimeError(
             "ray_ormas.batch_size() needs RayOrmasTrainer(batch=ray_ormas.BatchSize(size, per='rank' "

@@ -60,12 +60,13 @@ class _StepTimes(NamedTuple):
 class RankProbe:
     """Fleet facts of the main monitor's model on this rank (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, ledger: Any, token: str, rank: int, node: str) -> None:
+    def __init__(self, model: nn.Module, ledger: Any, token: str, rank: int, node: str, world_size: int) -> None:
         self._outer = model
         self._inner = model.module if isinstance(model, DistributedDataParallel) else model
         self._ledger = ledger
         self._token = token
         self._rank = rank
+        self._world = world_size  # this attempt's (an elastic fit restarts at other sizes)
         self._unreadable_said = False  # the head was told this rank's facts cannot be read
         self._node = node
         first = next(iter(model.parameters()), None)
@@ -185,6 +186,7 @@ class RankProbe:
         loss_now = loss_value(loss)
         facts = {
             "rank": self._rank,
+            "world": self._world,
             "node": self._node,
             "check": check,
             "step": step,

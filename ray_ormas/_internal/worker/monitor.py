@@ -40,6 +40,7 @@ class Session(Protocol):
     plan: WorkerPlan
     rank: int
     world_size: int
+    batch: dict[str, Any] | None  # this attempt's split of the trainer's batch
     attempt: int
     token: str
     monitors: dict[str, MonitorRuntime]
@@ -108,7 +109,7 @@ class MonitorRuntime:
             )
             link.update(
                 strategy=plan.strategy,
-                batch=plan.batch,
+                batch=session.batch,
                 metric_prefix=self._prefix.rstrip("/"),
                 step_offset=link["step_offset"] + attach.first_step,
             )
@@ -161,7 +162,7 @@ class MonitorRuntime:
         if plan.fleet and self._primary:
             if session.rank == 0:
                 plan.ledger.fleet_offset.remote(session.token, self.step_offset)
-            self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node())
+            self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node(), session.world_size)
 
     @property
     def closed(self) -> bool:

@@ -28,11 +28,24 @@ class WorkerPlan:
     tracked: bool = False  # the ledger's MLflow writer takes rank 0's rows
     fleet: bool = False  # every rank sends fleet facts at every check
     sync_batchnorm: bool = False
-    batch: dict[str, Any] | None = None  # BatchSize.to_dict(world size), when the trainer has one
+    # The batch at each world size the fit may run at (BatchSize.to_dict, or elastic_splits for
+    # an elastic range), when the trainer has one
+    batches: dict[int, dict[str, Any]] | None = None
     # Ray Train's local mode (the loop runs in the driver): the ledger's controller callback, which
     # no controller calls there, for the session to call (head/ledger_callback.py)
     local_reports: Any = None
     frameworks: tuple[str, ...] = ()  # Lightning / Transformers, if the loop uses them (worker/adoption.py)
+
+    def batch_for(self, world_size: int) -> dict[str, Any] | None:
+        """The batch of an attempt at `world_size` (None when the trainer has no `batch=`)."""
+        if self.batches is None:
+            return None
+        if world_size not in self.batches:  # Ray started a size outside the range the driver checked
+            raise RuntimeError(
+                f"Ray Train started {world_size} workers, and the driver split the batch for "
+                f"{sorted(self.batches)} only; this is a bug in ray-ormas or Ray, please report it"
+            )
+        return self.batches[world_size]
 
 
 EXPLICIT = "ray_ormas.monitor"  # Attach.by of a monitor the loop built itself

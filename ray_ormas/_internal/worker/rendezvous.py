@@ -33,7 +33,7 @@ def meet(
     Returns {rank: Arrival}. Raises RankMismatchError if ranks are at different kinds of
     report, RankSyncTimeoutError if some rank has not arrived after `timeout_s`.
     """
-    ref = ledger.arrive.remote(token, seq, rank, kind, step, checkpoint)
+    ref = ledger.arrive.remote(token, seq, rank, kind, step, checkpoint, world_size)
     try:
         seen = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:

@@ -76,12 +76,15 @@ class WorkerSession:
         self.plan = plan
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
+        self.batch = plan.batch_for(self.world_size)  # this attempt's split of the trainer's batch
         self.monitors: dict[str, MonitorRuntime] = {}
         self.reports = 0
         from ray.train.collective import broadcast_from_rank_zero
 
         self.token: str = broadcast_from_rank_zero(uuid.uuid4().hex if self.rank == 0 else None)
-        self.attempt = ray.get(plan.ledger.begin_attempt.remote(self.token), timeout=60) if self.rank == 0 else 0
+        self.attempt = (
+            ray.get(plan.ledger.begin_attempt.remote(self.token, self.world_size), timeout=60) if self.rank == 0 else 0
+        )
         self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
@@ -161,8 +164,8 @@ class WorkerSession:
             keys.KIND: kind,
             keys.RUN_STEP: step if step is not None else self.run_step(),
         }
-        if self.plan.batch is not None:
-            out[keys.EFFECTIVE_BATCH] = self.plan.batch["effective"]
+        if self.batch is not None:
+            out[keys.EFFECTIVE_BATCH] = self.batch["effective"]
         for mon in self.monitors.values():
             try:
                 out.update(mon.metrics())

@@ -1,0 +1,151 @@
+"""Elastic fits (`ScalingConfig(num_workers=(min, max))`) through a real resize, and their bad input.
+
+The resize runs on its own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py):
+2 workers, a node removed (Ray restarts the group at 1), a node added (Ray grows it back to 2).
+The subprocess's process group is killed if it hangs. The bad-input tests need no Ray cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pytest
+from mlflow import MlflowClient
+from ormas_monitor.record import verify_run
+from ray.train import ScalingConfig
+
+from ray_ormas import BatchSize, RayOrmasTrainer, open_records
+
+from .conftest import ROOT
+from .loops import elastic_loop
+
+
+def scenario(storage, out, strategy: str) -> tuple[dict, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.scenarios.elastic", str(storage), str(out), strategy],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail(f"the elastic scenario hung:\n{log[-4000:]}")
+    assert proc.returncode == 0 and out.is_file(), log[-4000:]
+    return json.loads(out.read_text()), log
+
+
+@pytest.mark.system  # its own Ray cluster
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlflow_run(tmp_path, strategy):
+    storage = tmp_path / "runs"
+    outcome, log = scenario(storage, tmp_path / "outcome.json", strategy)
+    assert "error" not in outcome and outcome["finished"], (outcome, log[-4000:])
+    # The grown attempt trained 2 epochs of 8 steps at 32 samples per rank (the global 64 split).
+    assert outcome["return_value"]["world"] == 2 and outcome["return_value"]["per_rank_batch"] == 32
+
+    # The record: one linked segment per attempt, each with its world size and its batch split; the
+    # run step continues across sizes, and every segment that was closed verifies.
+    records = open_records(storage / "elastic")
+    segments = records.segments()
+    assert [s.link["world_size"] for s in segments] == [2, 1, 2], [s.link for s in segments]
+    assert [s.link["batch"]["per_rank"] for s in segments] == [32, 64, 32]
+    assert {s.link["batch"]["effective"] for s in segments} == {64}
+    assert [s.link["attempt"] for s in segments] == [0, 1, 2]
+    offsets = [s.step_offset for s in segments]
+    assert offsets[0] == 0 and offsets[1] % 8 == 0 and offsets[2] > offsets[1] and offsets[2] % 8 == 0
+    assert segments[1].link["previous"]["segment"] == "segment-000"
+    assert segments[2].link["previous"]["segment"] == "segment-001"
+    assert segments[2].complete and segments[1].complete is not None
+    for seg in segments:
+        if seg.complete:
+            assert verify_run(seg.path).ok, seg.path
+    assert outcome["final"]["ormas/segments"] == 3 and outcome["final"]["ormas/run_step"] == offsets[2] + 16
+
+    # The fleet: the resizes are events in its record, not alarms; each check compares the ranks
+    # of its own attempt (an attempt at 1 worker has nothing to compare).
+    attempts = outcome["fleet_attempts"]
+    assert [(a["event"], a["world_size"], a.get("resized_from")) for a in attempts] == [
+        ("start", 2, None),
+        ("resize", 1, 2),
+        ("resize", 2, 1),
+    ]
+    assert [a["run_step"] for a in attempts] == offsets
+    assert outcome["fleet_alarms"] == []
+    checks = records.fleet_checks()
+    ranks_per_check: dict = {}
+    digests: dict = {}
+    for row in checks.to_pylist():
+        ranks_per_check.setdefault((row["attempt"], row["check"]), set()).add(row["rank"])
+        digests.setdefault((row["attempt"], row["check"]), set()).add(row["digest"])
+    assert {a for a, _ in ranks_per_check} == {0, 1, 2}
+    assert all(ranks == ({0} if a == 1 else {0, 1}) for (a, _), ranks in ranks_per_check.items())
+    if strategy == "ddp":  # replicas: equal within each attempt's check (FSDP shards differ by design)
+        assert all(len(d) == 1 for d in digests.values()), digests
+    table = records.fleet_attempts()
+    assert table.filter(pc.equal(table["event"], "resize")).num_rows == 2
+
+    # MLflow: one run for the whole fit, FINISHED, with the world size at each attempt's first step.
+    client = MlflowClient(outcome["tracking_uri"])
+    run = client.get_run(outcome["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ormas/world_size"))
+    assert [(s, v) for s, v in history if s in offsets] == [(0, 2.0), (offsets[1], 1.0), (offsets[2], 2.0)]
+    assert run.data.params["scaling.num_workers"] == "[1, 2]"
+
+
+def elastic(num_workers, **kwargs):
+    return RayOrmasTrainer(elastic_loop, scaling_config=ScalingConfig(num_workers=num_workers), mlflow=False, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "num_workers, says",
+    [
+        ((0, 4), "starts below 1 worker"),
+        ((4, 2), "must be <= max_workers"),  # Ray's own ScalingConfig refuses it, naming num_workers
+    ],
+)
+def test_a_bad_elastic_range_is_refused_on_the_driver(num_workers, says):
+    with pytest.raises(ValueError, match="num_workers") as e:
+        elastic(num_workers)
+    assert says in str(e.value)
+
+
+def test_a_range_changed_after_the_scaling_config_was_built_is_refused_too():
+    scaling = ScalingConfig(num_workers=(2, 4))
+    scaling.num_workers = (4, 2)
+    with pytest.raises(ValueError, match=r"ScalingConfig\(num_workers=...\): the elastic range \[4, 2\]"):
+        RayOrmasTrainer(elastic_loop, scaling_config=scaling, mlflow=False)
+
+
+def test_a_global_batch_no_size_of_the_range_can_split_is_refused_on_the_driver():
+    with pytest.raises(ValueError, match=r"splits evenly at no world size of ScalingConfig\(num_workers=...\)"):
+        elastic((2, 4), batch=BatchSize(5, per="global"))
+    with pytest.raises(ValueError, match="gives no sample to each rank at 4 workers"):
+        elastic((1, 4), batch=BatchSize(3, per="global"))
+
+
+def test_a_global_batch_some_sizes_cannot_split_is_rounded_down_there_and_said(caplog):
+    trainer = elastic((1, 4), batch=BatchSize(64, per="global"))
+    assert {w: (s["per_rank"], s["effective"], s["rounded"]) for w, s in trainer.batches.items()} == {
+        1: (64, 64, False),
+        2: (32, 64, False),
+        3: (21, 63, True),
+        4: (16, 64, False),
+    }
+    assert "does not split evenly at 3 workers" in caplog.text and "sees 63 samples" in caplog.text
+    per_rank = elastic((1, 3), batch=BatchSize(16, per="rank")).batches
+    assert {w: s["effective"] for w, s in per_rank.items()} == {1: 16, 2: 32, 3: 48}
