@@ -103,7 +103,7 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     assert run.info.status == "FINISHED"
     assert len(client.search_runs([run.info.experiment_id])) == 1
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ormas/world_size"))
-    assert [(s, v) for s, v in history if s in offsets] == [(0, 2.0), (offsets[1], 1.0), (offsets[2], 2.0)]
+    assert history == [(0, 2.0), (offsets[1], 1.0), (offsets[2], 2.0)]
     assert run.data.params["scaling.num_workers"] == "[1, 2]"
 
 
@@ -149,3 +149,22 @@ def test_a_global_batch_some_sizes_cannot_split_is_rounded_down_there_and_said(c
     assert "does not split evenly at 3 workers" in caplog.text and "sees 63 samples" in caplog.text
     per_rank = elastic((1, 3), batch=BatchSize(16, per="rank")).batches
     assert {w: s["effective"] for w, s in per_rank.items()} == {1: 16, 2: 32, 3: 48}
+
+
+def test_the_end_of_run_summary_names_each_resize_apart_from_the_alarms(tmp_path):
+    from pyarrow.fs import LocalFileSystem
+
+    from ray_ormas import RecordStore
+    from ray_ormas._internal.cli.summary import render
+    from ray_ormas._internal.record.fleet_record import FleetSummary
+
+    attempts = [
+        {"attempt": 0, "world_size": 2, "run_step": 0, "event": "start"},
+        {"attempt": 1, "world_size": 1, "run_step": 8, "event": "resize", "resized_from": 2},
+        {"attempt": 2, "world_size": 1, "run_step": 16, "event": "restart"},
+    ]
+    fleet = FleetSummary(record="runs/x/ormas/fleet/f", ranks=[], attempts=attempts)
+    assert fleet.resizes == [attempts[1]]
+    text = render(RecordStore(LocalFileSystem(), str(tmp_path)), {}, None, fleet)
+    assert "  resized at run step 8: 2 -> 1 ranks" in text.splitlines()
+    assert "alarm" not in text.replace("0 alarms", "")

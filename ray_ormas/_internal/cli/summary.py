@@ -97,6 +97,10 @@ def render(
     if fleet is not None:
         out.append(f"fleet: {len(fleet.ranks)} ranks, {fleet.checks} checks, {len(fleet.alarms)} alarms")
         out.append(fleet.table())
+        for a in fleet.resizes:  # an elastic fit's: events, not alarms
+            out.append(
+                f"  resized at run step {a.get('run_step')}: {a.get('resized_from')} -> {a.get('world_size')} ranks"
+            )
         for a in fleet.alarms:
             out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
         out.append(f"  fleet record: {fleet.record}")
