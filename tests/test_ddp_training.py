@@ -162,9 +162,10 @@ def test_the_loops_exception_reaches_fit_unchanged_and_the_record_keeps_it(stora
         t.fit()
     failures = info.value.worker_failures
     # Both ranks raise; Ray Train reports the ranks whose error it has seen at the poll that
-    # fails the group, so rank 1's may come a poll too late (it raises just after rank 0,
-    # which it lets finish the record first).
-    assert 0 in failures and set(failures) <= {0, 1}
+    # fails the group. Rank 1 lets rank 0 finish the record first, then both raise within
+    # milliseconds, so either one's error may come a poll too late (CI once saw rank 1's alone).
+    # Whichever Ray reports is the loop's own exception, unchanged; the record keeps rank 0's.
+    assert failures and set(failures) <= {0, 1}
     for rank, error in failures.items():
         assert type(error) is ValueError and str(error) == f"boom at step 7 on rank {rank}"
     record = storage / "boom" / "ormas" / "model" / "segment-000"

@@ -1,7 +1,7 @@
 """The fit's MLflow writer: it lives in the run ledger actor on the head node (head/ledger.py), the
 only process that talks to MLflow.
 
-    driver      RunLedger(world, WriterSpec)    -> the ledger builds the TrackingWriter, returns at once
+    driver      RunLedger(WriterSpec, FleetSpec) -> the ledger builds the TrackingWriter, returns at once
     rank 0      RowForwarder (an ormas-monitor sink): ledger.track_rows.remote(...) per check, never waits
     controller  LedgerCallback.after_report     -> ledger.track_report.remote(rank 0's metrics, checkpoint)
                 LedgerCallback.after_exception  -> ledger.track_attempt_end.remote()   (sync that attempt)
