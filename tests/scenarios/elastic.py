@@ -28,6 +28,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 from ray_ormas import BatchSize, RayOrmasTrainer, open_records
 from tests.loops import elastic_loop
+from tests.scenarios import FAST_NODE_DEATH
 
 WORKER_NODE = {"num_cpus": 1, "resources": {"train_slot": 1}}
 DEADLINE_S = 300
@@ -38,7 +39,7 @@ def main(storage: str, out: str, strategy: str = "ddp") -> None:
     # After the node is gone, Ray may first try the old size again (the coordinator's view is
     # up to 20 s old): let that try give up in 10 s rather than the default 60 s.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "10"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_NODE_DEATH})
     timeline: list[tuple[str, float]] = []
     started = time.monotonic()
 

@@ -33,6 +33,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer
 from tests.loops import resume_loop
+from tests.scenarios import FAST_NODE_DEATH
 
 WORKER_NODE = {"num_cpus": 2, "resources": {"train_slot": 2}}
 
@@ -42,7 +43,7 @@ def main(storage: str, out: str, mode: str = "replace") -> None:
     replace = mode == "replace"
     if not replace:
         os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "5"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_NODE_DEATH})
     try:
         first = cluster.add_node(**WORKER_NODE)
         ray.init(address=cluster.address, log_to_driver=False)

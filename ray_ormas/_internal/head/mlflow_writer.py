@@ -12,8 +12,9 @@ append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric va
 the oldest are dropped from memory and come back from the record at the end) and to the
 tracking journal in the run's storage (tracking/sync.py). One sender thread names rank 0's rows
 (ormas-monitor's MLflowSink, through seams/ormas.py), creates the run and sends the outbox in
-batches, about once a second; it waits for rank 0's first check, so importing mlflow and
-creating the store are off the path to the first training step. On any failure it keeps
+batches, about once a second. While the fit starts it imports mlflow at a low priority (taking
+the CPU the start-up leaves idle); it creates the store and the run only after rank 0's first
+check, off the path to the first training step. On any failure it keeps
 everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
 each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
 
@@ -231,11 +232,13 @@ class TrackingWriter:
             self._dropped += 1
 
     def _run(self) -> None:
-        # Nothing touches MLflow (importing it, creating a store, the run) before training has
-        # started: the workers' start-up must not share the head node's CPU with it.
-        self._training.wait()
+        # At a low priority, the imports a sync needs (about 4 CPU-seconds) take what the fit's
+        # start-up leaves idle, so a short fit's end does not wait for them. Nothing creates the
+        # store or the run before training has started.
         _yield_cpu_to_training()
-        from ray_ormas._internal.seams.ormas import OrmasCompatError  # torch and ormas-monitor: only now
+        _import_what_a_sync_needs(self._uri)
+        self._training.wait()
+        from ray_ormas._internal.seams.ormas import OrmasCompatError
 
         failures = 0
         while True:
@@ -358,6 +361,20 @@ class TrackingWriter:
                     type(e).__name__,
                     e,
                 )
+
+
+def _import_what_a_sync_needs(uri: str) -> None:
+    """mlflow's client, its SQL store for a local store, and ormas-monitor (with torch) through
+    the seam: imported here, they are no longer imported at the first sync or at the fit's end.
+    A failure is left to the first sync, which meets it again and handles it as it always does."""
+    try:
+        import mlflow  # noqa: F401
+
+        if uri.startswith("sqlite:"):
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+        import ray_ormas._internal.seams.ormas  # noqa: F401
+    except Exception as e:
+        logger.debug("importing ahead of the first sync failed (%s: %s)", type(e).__name__, e)
 
 
 def _yield_cpu_to_training() -> None:
