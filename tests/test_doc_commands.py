@@ -12,8 +12,9 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
   `--set train.epochs=1` (docs/cli.md), `bench/overhead.py` gets `--models mlp --repeats 1
   --steps 30 --world-sizes 1 2` and `bench/components/persistence.py` gets `--steps 200
   --uploads 5` (docs/performance.md); a benchmark command runs once per set of options its parser
-  makes of it. Each check is the line or file the docs promise: the record a training names
-  verifies, a dry run says the config is valid, ...
+  makes of it, and a command whose rows a wider documented one prints (the same options, plus
+  `--with-report` or a further `--attach` way) is checked by that run. Each check is the line or
+  file the docs promise: the record a training names verifies, a dry run says the config is valid, ...
 * A command the text marks as needing what this machine lacks runs the closest thing that does
   (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script, or one
   that needs the test extras, gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
@@ -130,20 +131,52 @@ def check_training_output(ran: Ran) -> None:
     assert pages and all(Path(p).is_file() for p in pages if "://" not in p), ran.out[-3000:]
 
 
+def bench_options(text: str) -> dict[str, Any] | None:
+    """The options `bench/overhead.py`'s own parser makes of a command (None: not that benchmark)."""
+    bench = re.fullmatch(r"python bench/overhead\.py(.*)", text)
+    if bench is None:
+        return None
+    from bench.overhead import parser
+
+    return vars(parser().parse_args(shlex.split(bench.group(1))))
+
+
+def covers(wider: dict[str, Any], narrower: dict[str, Any]) -> bool:
+    """A benchmark run with `wider` options prints every row one with `narrower` options prints:
+    the same options, except that it may add `--with-report`'s configuration to the table, or
+    further ways of attaching to the paired runs (the rows of one run do not depend on each other)."""
+    same = {k: v for k, v in wider.items() if k not in ("with_report", "attach")}
+    return (
+        same == {k: v for k, v in narrower.items() if k not in ("with_report", "attach")}
+        and wider["with_report"] >= narrower["with_report"]
+        and wider["attach"][: len(narrower["attach"])] == narrower["attach"]
+    )
+
+
+def widest_run(text: str) -> str:
+    """The command to run for `text`: for the benchmark, the widest of the docs' (shortened)
+    benchmark commands that covers it, so two commands whose runs would repeat each other's rows
+    run once (performance.md's table with and without `--with-report`; the paired runs with one
+    way of attaching and with both)."""
+    options = bench_options(text)
+    if options is None:
+        return text
+    shown = [shortened(c.text) for c in COMMANDS if plan(c) == "run" and bench_options(shortened(c.text))]
+    wider = [t for t in shown if covers(bench_options(t) or {}, options)]
+    return max(wider, key=lambda t: (bench_options(t) or {})["with_report"] + len((bench_options(t) or {})["attach"]))
+
+
 def run_key(text: str) -> str:
     """What tells one run from another: the text; for the benchmark, the options its own parser
     makes of it (later options win, so the docs' command shortened is often another's)."""
-    bench = re.fullmatch(r"python bench/overhead\.py(.*)", text)
-    if bench is None:
-        return text
-    from bench.overhead import parser
-
-    return f"bench/overhead.py {sorted(vars(parser().parse_args(shlex.split(bench.group(1)))).items())}"
+    options = bench_options(text)
+    return text if options is None else f"bench/overhead.py {sorted(options.items())}"
 
 
 def run_here(clone: Clone, command: DocCommand) -> Ran:
-    """A runnable command, as written (shortened as the docs allow), in a fresh copy."""
-    text = shortened(command.text)
+    """A runnable command, as written (shortened as the docs allow; for the benchmark, the widest
+    documented run that covers it), in a fresh copy."""
+    text = widest_run(shortened(command.text))
 
     def make() -> Ran:
         work = clone.copy(slug(command))
