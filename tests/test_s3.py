@@ -206,6 +206,17 @@ def test_storage_still_down_at_the_end_leaves_the_whole_record_on_the_node_and_s
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.1)
+        # Ray may write its index again just after (CI once saw that write fail): wait until the
+        # snapshot has not changed for 2 s; rank 0 sleeps 8 s after its last report.
+        last, stable_since = b"", time.monotonic()
+        while time.monotonic() - stable_since < 2 and time.monotonic() < deadline:
+            try:
+                now = b"".join(s3_lines(snapshot))
+            except OSError:
+                now = b""
+            if now != last:
+                last, stable_since = now, time.monotonic()
+            time.sleep(0.1)
         s3.stop()
 
     thread = threading.Thread(target=outage, daemon=True)
