@@ -73,6 +73,18 @@ def clone(tmp_path_factory):
 
 
 @pytest.fixture
+def staging_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp folder, for this test only, inside its own tmp_path: what a non-local store stages
+    there (`RecordStore.claim_segment`) goes when the test's folders do, not into the machine's."""
+    import tempfile
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    return staging
+
+
+@pytest.fixture
 def storage(tmp_path: Path) -> Path:
     path = tmp_path / "runs"
     path.mkdir()

@@ -7,6 +7,7 @@ Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -94,15 +95,16 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             with torch.no_grad():
                 net.conv2[0].weight.add_(1e-3)  # outside DDP: the replicas now differ
         if step + 1 in config.get("report_at", []):
-            checkpoint = None
             if config.get("checkpoint"):
                 import tempfile
 
-                d = tempfile.mkdtemp()
-                if rank == 0:
-                    torch.save(model.state_dict(), f"{d}/model.pt")
-                checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
-            ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
+                with tempfile.TemporaryDirectory() as d:  # the report (synchronous) copies it to storage
+                    if rank == 0:
+                        torch.save(model.state_dict(), f"{d}/model.pt")
+                    checkpoint = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
+                    ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
+            else:
+                ray_ormas.report({"user_step": step + 1})
     for p in spinners:
         p.kill()
         p.wait()
@@ -527,6 +529,8 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
     train(fresh, fresh_opt, range(4, 8))
     same_after = all(torch.equal(x, y) for x, y in zip(full(model), full(fresh)))
     saved_keys = sorted(torch.load(f"{path}/state.pt", weights_only=True)["model"]) if rank == 0 else []
+    if rank == 0:  # never reported, so nothing else removes it
+        shutil.rmtree(path)
     return {
         "step": state.step,
         "same_params": same_params,

@@ -23,6 +23,8 @@ from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.seams.ormas import flush_metrics
 from ray_ormas.demo import DigitsCNN, load_digits
 
+pytestmark = pytest.mark.usefixtures("staging_in_tmp_path")  # segments staged by non-local stores
+
 
 def _train(store: RecordStore, steps: int, close: bool, attempt: int) -> str:
     """A monitored run of `steps` steps in a newly claimed segment; unclosed = a crashed attempt."""

@@ -40,14 +40,14 @@ def test_local_segments_are_claimed_in_order_and_never_reused(tmp_path):
     ],
     ids=["subtree", "fsspec"],
 )
-def test_remote_store_stages_locally_and_uploads(tmp_path, make_fs):
+def test_remote_store_stages_locally_and_uploads(tmp_path, make_fs, staging_in_tmp_path):
     remote = tmp_path / "bucket"
     remote.mkdir()
     store = RecordStore(make_fs(remote), "runs/r1/ormas")
     assert not store.is_local
     store.check_writable()
     path, local = store.claim_segment("model", {"attempt": 0})
-    assert path == "runs/r1/ormas/model/segment-000" and not str(local).startswith(str(remote))
+    assert path == "runs/r1/ormas/model/segment-000" and local.parent == staging_in_tmp_path
     assert json.loads((remote / path / "segment.json").read_text())["segment"] == 0  # the claim itself
     (local / "diary.jsonl").write_text("line\n")
     pafs.copy_files(str(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=store.filesystem)

@@ -17,6 +17,8 @@ real 1000-step record, and at every `--checkpoint-every` steps storage is brough
 ways, the old (copy the whole segment, `pyarrow.fs.copy_files`) and the new (send what is new,
 `IncrementalUpload.push`, uploads.py). Prints the bytes each sends per checkpoint as the record
 grows, and the totals.
+
+What either writes goes into one temporary folder, removed when it ends.
 """
 
 from __future__ import annotations
@@ -132,27 +134,36 @@ def main() -> None:
     p.add_argument("--long", type=int, metavar="STEPS", help="simulate a run this long on the S3 API server")
     p.add_argument("--checkpoint-every", type=int, default=2000, help="with --long (default: %(default)s)")
     a = p.parse_args()
-    if a.long:
-        long_run(a.long, a.checkpoint_every)
-        return
+    with tempfile.TemporaryDirectory(prefix="ray-ormas-bench-") as scratch:
+        tempfile.tempdir = scratch  # every folder made here, the store's staging too, goes with it
+        try:
+            if a.long:
+                long_run(a.long, a.checkpoint_every)
+            else:
+                compare(a.steps, a.check_every, a.uploads)
+        finally:
+            tempfile.tempdir = None
+
+
+def compare(steps: int, check_everies: list[int], uploads: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="ray-ormas-bench-"))
     filesystems = {
         "SubTreeFileSystem": lambda d: SubTreeFileSystem(str(d), LocalFileSystem()),
         "fsspec (file)": lambda d: SubTreeFileSystem(str(d), PyFileSystem(FSSpecHandler(fsspec.filesystem("file")))),
     }
-    print(f"{a.steps} steps of the digits CNN; {a.uploads} uploads each; {torch.__version__}")
+    print(f"{steps} steps of the digits CNN; {uploads} uploads each; {torch.__version__}")
     print(
         f"{'check_every':>11} {'diary KiB':>9} {'metrics KiB':>11} {'KiB/1000 steps':>14}  "
         f"{'filesystem':<18} {'median ms':>9} {'max ms':>7}"
     )
-    for every in a.check_every:
+    for every in check_everies:
         for fs_name, make in filesystems.items():
             bucket = root / f"{every}-{len(fs_name)}"
             bucket.mkdir()
             store = RecordStore(make(bucket), "runs/bench/ormas")
-            path, local = record(store, a.steps, every)
+            path, local = record(store, steps, every)
             times = []
-            for _ in range(a.uploads):
+            for _ in range(uploads):
                 t = time.perf_counter()
                 pafs.copy_files(
                     str(local), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=store.filesystem
@@ -160,7 +171,7 @@ def main() -> None:
                 times.append((time.perf_counter() - t) * 1000)
             diary_kib = (local / "diary.jsonl").stat().st_size / 1024
             metrics_kib = (local / "metrics.jsonl").stat().st_size / 1024
-            per_1000 = (diary_kib + metrics_kib) * 1000 / a.steps
+            per_1000 = (diary_kib + metrics_kib) * 1000 / steps
             print(
                 f"{every:>11} {diary_kib:>9.1f} {metrics_kib:>11.1f} {per_1000:>14.1f}  {fs_name:<18} "
                 f"{statistics.median(times):>9.2f} {max(times):>7.2f}"
