@@ -158,6 +158,21 @@ def _spinners(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(n)]
 
 
+def _wait_until_answers(url: str, timeout_s: float) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s") from None
+            time.sleep(0.5)
+
+
 def _refuse_port(port: int) -> None:
     """This worker process can no longer open a connection to 127.0.0.1:`port` (Python sockets:
     what MLflow's client and urllib use); checked before training."""
@@ -201,7 +216,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     each checkpoint report and returns the line counts it saw), upload_mode (Ray's
     CheckpointUploadMode by name, e.g. "ASYNC"), done_marker + sleep_after (rank 0 creates that
     file after its last report and sleeps that long before returning), slow_rank + slow_s (that
-    rank sleeps that long before every step).
+    rank sleeps that long before every step), wait_for_url + wait_at (rank 0 waits before that
+    global step until the URL answers, at most 5 minutes: a tracker outage the test started ends
+    inside the fit however slow the machine is at bringing the server back).
     """
     import signal
     import time
@@ -238,6 +255,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(config["slow_s"])  # a slow data loader on this rank only (fleet health)
             if rank == 0 and step == config.get("kill_server_at"):
                 os.killpg(config["server_pgid"], signal.SIGKILL)
+            if rank == 0 and step == config.get("wait_at"):
+                _wait_until_answers(config["wait_for_url"], timeout_s=300)
             loss = F.cross_entropy(model(xb + 0.05 * torch.randn_like(xb)), yb)
             opt.zero_grad()
             loss.backward()

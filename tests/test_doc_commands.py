@@ -189,7 +189,8 @@ def run_here(clone: Clone, command: DocCommand) -> Ran:
 class RayHead:
     """A Ray head node started here with `ray start --head`, in its own session and temp dir,
     with token authentication when asked (RAY_AUTH_MODE=token and a random token, in the head's
-    environment only); stopped by its process group."""
+    environment only); stopped by its process group, after the last command that runs on it (an
+    idle head's daemons take CPU the later commands need), and at the latest with the module."""
 
     def __init__(self, clone: Clone, *, token: bool = False) -> None:
         name = "head-token" if token else "head"
@@ -238,7 +239,12 @@ class RayHead:
             assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
             time.sleep(2)
 
+    stopped = False
+
     def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
         for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # `ray start --block` lingers on SIGTERM
             try:
                 os.killpg(self.proc.pid, sig)
@@ -266,10 +272,22 @@ def ray_head_with_token(clone):
     head.stop()
 
 
+def head_fixture(command: DocCommand) -> str:
+    """The head a cluster command runs on: with token authentication when the text says so."""
+    return "ray_head_with_token" if "token" in (command.needs or "") else "ray_head"
+
+
+def last_on_its_head(command: DocCommand) -> bool:
+    """Whether no later command of the docs runs on the same head."""
+    same = [c for c in COMMANDS if plan(c) == "ray_cluster" and head_fixture(c) == head_fixture(command)]
+    return command == same[-1]
+
+
 def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -> None:
     """The whole block as written, against a head started here: HEAD:8265 is that head's
     dashboard, RAY_ADDRESS is set when the text says it is, token.txt holds its token."""
     assert command.block is not None
+    assert not head.stopped, f"{command.id} comes after the last command planned on its head"
     lines = [c.text for c in COMMANDS if c.block == command.block]
     script = "\n".join(shortened(line) for line in lines).replace("HEAD:8265", f"127.0.0.1:{head.port}")
     assert not command.has_placeholder() or "HEAD" in command.text, command.text
@@ -563,8 +581,12 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
             assert ran.out.strip(), "grep found nothing"
 
     elif how == "ray_cluster":
-        head = "ray_head_with_token" if "token" in (command.needs or "") else "ray_head"
-        closest_on_a_ray_cluster(clone, command, request.getfixturevalue(head))
+        head = request.getfixturevalue(head_fixture(command))
+        try:
+            closest_on_a_ray_cluster(clone, command, head)
+        finally:
+            if last_on_its_head(command):
+                head.stop()
     elif how in CLOSEST:
         CLOSEST[how](clone, command)
     else:

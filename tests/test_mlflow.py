@@ -427,6 +427,11 @@ def test_a_killed_worker_and_a_tracker_outage_leave_mlflow_equal_to_the_record(r
             "kill_server_at": 10,
             "server_pgid": server.proc.pid,
             "extra_metrics": True,
+            # The outage ends inside the fit: before the last epoch, rank 0 waits for the server
+            # to answer again (on a slow machine its restart took 38 s, longer than the rest of
+            # the fit, and the fit's end found it still down).
+            "wait_for_url": f"{server.uri}/health",
+            "wait_at": 40,
         }
         result = RayOrmasTrainer(
             resume_loop,
