@@ -194,6 +194,7 @@ class RayHead:
 
     def __init__(self, clone: Clone, *, token: bool = False) -> None:
         name = "head-token" if token else "head"
+        self.stopped = False
         self.home = clone.base / f"home-{name}"
         self.env = clone.env(self.home)
         self.token = secrets.token_hex(32) if token else ""
@@ -238,8 +239,6 @@ class RayHead:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
             time.sleep(2)
-
-    stopped = False
 
     def stop(self) -> None:
         if self.stopped:
