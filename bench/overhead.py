@@ -38,6 +38,15 @@ Per-check cost against world size (logical CPUs: 8 workers on a 2-core machine t
 read the per-check cost, not the step time) and against model size: the paired measurement,
 one run per point.
 
+    python bench/overhead.py --fit-wall [--models mlp] [--steps 40] [--repeats 4] [--workers 2]
+
+What a short fit pays for the integration as a whole: the wall time of `fit()` itself, from the
+call to its return, of the same short loop under plain `TorchTrainer` and under
+`RayOrmasTrainer` (as by default: fleet health, the embedded MLflow store, the run page),
+alternating in ABBA order on one cluster after one unmeasured fit of each; the ratio of the
+medians, and where the difference goes: the start (from the call to the loop's first step) and
+the end (from the loop's last step to the return).
+
     python bench/overhead.py --device cuda --precision bf16 --workers 1
 
 The same table on a GPU (NCCL, bf16 autocast), for a machine that has one.
@@ -152,7 +161,7 @@ def bench_loop(config: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - t)
         if first is None:
             first = time.time()
-    return {"times": times, "first_step_at": first}
+    return {"times": times, "first_step_at": first, "last_step_at": time.time()}
 
 
 def paired_loop(config: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +372,67 @@ def run_paired(args: argparse.Namespace) -> None:
                 )
 
 
+def fit_wall_once(args: argparse.Namespace, model: str, mode: str) -> dict[str, float]:
+    """One whole fit of `bench_loop`, plain or ray-ormas (watch-only, everything else default)."""
+    from ray.train import RunConfig
+    from ray.train.torch import TorchTrainer
+
+    from ray_ormas import RayOrmasTrainer
+
+    config = _loop_config(args, model, "plain" if mode == "plain" else "watch")
+    run_config = RunConfig(name=f"bench-fit-{mode}-{time.time_ns()}", storage_path=args.storage)
+    if mode == "plain":
+        trainer: Any = TorchTrainer(
+            bench_loop, train_loop_config=config, scaling_config=_scaling(args, args.workers), run_config=run_config
+        )
+    else:
+        trainer = RayOrmasTrainer(
+            bench_loop,
+            train_loop_config=config,
+            check_every=args.check_every,
+            verbose=False,
+            scaling_config=_scaling(args, args.workers),
+            run_config=run_config,
+        )
+    started = time.time()
+    out = trainer.fit().return_value  # rank 0's, as Ray Train returns it
+    ended = time.time()
+    return {"wall_s": ended - started, "start_s": out["first_step_at"] - started, "end_s": ended - out["last_step_at"]}
+
+
+def run_fit_wall(args: argparse.Namespace) -> None:
+    print(
+        f"\nfit-wall: the whole fit() of a {args.steps}-step loop on {args.workers} workers, plain TorchTrainer "
+        f"and RayOrmasTrainer (check_every={args.check_every}) alternating, {args.repeats} pairs per model\n"
+    )
+    print(f"{'model':<7} {'pair':<5} {'trainer':<10} {'fit s':>7} {'start s':>8} {'end s':>7}")
+    for model in args.models:
+        for mode in ("plain", "ray-ormas"):  # the cluster's first fits pay for what later ones reuse
+            fit_wall_once(args, model, mode)
+        walls: dict[str, list[dict[str, float]]] = {"plain": [], "ray-ormas": []}
+        for rep in range(args.repeats):
+            for mode in ("plain", "ray-ormas") if rep % 2 == 0 else ("ray-ormas", "plain"):
+                row = fit_wall_once(args, model, mode)
+                walls[mode].append(row)
+                print(
+                    f"{model:<7} {rep + 1:<5} {mode:<10} {row['wall_s']:>7.2f} {row['start_s']:>8.2f} "
+                    f"{row['end_s']:>7.2f}",
+                    flush=True,
+                )
+        plain = statistics.median(r["wall_s"] for r in walls["plain"])
+        ormas = statistics.median(r["wall_s"] for r in walls["ray-ormas"])
+        phases = {
+            mode: (statistics.median(r["start_s"] for r in rows), statistics.median(r["end_s"] for r in rows))
+            for mode, rows in walls.items()
+        }
+        print(
+            f"{model:<7} medians: plain {plain:.2f} s (start {phases['plain'][0]:.2f}, end {phases['plain'][1]:.2f}), "
+            f"ray-ormas {ormas:.2f} s (start {phases['ray-ormas'][0]:.2f}, end {phases['ray-ormas'][1]:.2f}); "
+            f"ratio {ormas / plain:.3f}\n",
+            flush=True,
+        )
+
+
 def run_scaling(args: argparse.Namespace) -> None:
     print(
         f"\nscaling: the paired measurement, one run per point, check_every={args.check_every}; "
@@ -525,6 +595,11 @@ def parser() -> argparse.ArgumentParser:
         "optimizer step hook (auto, an unchanged Ray Train loop); several alternate",
     )
     p.add_argument("--scaling", action="store_true", help="per-check cost against world size and model size")
+    p.add_argument(
+        "--fit-wall",
+        action="store_true",
+        help="the whole fit() of a short loop, plain TorchTrainer against RayOrmasTrainer, alternating",
+    )
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument(
         "--in-process",
@@ -553,6 +628,8 @@ def main() -> None:
     try:
         if args.scaling:
             run_scaling(args)
+        elif args.fit_wall:
+            run_fit_wall(args)
         elif args.paired:
             run_paired(args)
         else:

@@ -24,11 +24,17 @@ from typing import Iterator
 
 import pytest
 
+from .fit_count import FitCountPlugin
 from .s3_server import S3Server, free_port, s3_environment
+from .shared_fits import failed_fit, healthy_fit, killed_and_repaired_fit, watched_fit  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 S3 = S3Server(free_port())
 os.environ.update(s3_environment(S3.port))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(FitCountPlugin(), "ray_ormas_fit_count")
 
 
 SYSTEM_FIXTURES = {"s3", "server", "clone", "ray_head", "ray_head_with_token"}

@@ -10,7 +10,7 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
 * A command that runs here runs as written, in a fresh copy of the clone's files, through bash.
   Three are shortened, only through options the docs show: `ray-ormas train` gets
   `--set train.epochs=1` (docs/cli.md), `bench/overhead.py` gets `--models mlp --repeats 1
-  --steps 30 --world-sizes 1 2` and `bench/components/persistence.py` gets `--steps 200
+  --steps 30 --world-sizes 2` and `bench/components/persistence.py` gets `--steps 200
   --uploads 5` (docs/performance.md); a benchmark command runs once per set of options its parser
   makes of it, and a command whose rows a wider documented one prints (the same options, plus
   `--with-report` or a further `--attach` way) is checked by that run. Each check is the line or
@@ -64,7 +64,7 @@ K8S_VARIANTS = [
     "k8s/overlays/nccl-tcp",
 ]
 SHORT_TRAIN = " --set train.epochs=1"
-SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 1 2"
+SHORT_BENCH = " --models mlp --repeats 1 --steps 30 --world-sizes 2"
 SHORT_PERSISTENCE = " --steps 200 --uploads 5"
 
 
@@ -166,9 +166,27 @@ def widest_run(text: str) -> str:
     return max(wider, key=lambda t: (bench_options(t) or {})["with_report"] + len((bench_options(t) or {})["attach"]))
 
 
+def trained_config(text: str) -> str | None:
+    """The config a `ray-ormas train CONFIG.yaml [--set ...]` command trains, resolved as the
+    command resolves it (its YAML, its overrides, validated): two commands that train the same
+    config train once. None: not such a command (or a dry run, or one the parser refuses)."""
+    match = re.fullmatch(r"ray-ormas train (\S+\.yaml)((?: --set \S+)*)", text)
+    if match is None:
+        return None
+    from ray_ormas._internal.common.job_config import load_config
+
+    overrides = re.findall(r"--set (\S+)", match.group(2))
+    return load_config(ROOT / match.group(1), overrides).model_dump_json()
+
+
 def run_key(text: str) -> str:
-    """What tells one run from another: the text; for the benchmark, the options its own parser
-    makes of it (later options win, so the docs' command shortened is often another's)."""
+    """What tells one run from another: the text; for a training, the config it resolves to (the
+    docs give the repaired digits run both as `digits_repair.yaml` and as `digits_watch.yaml`
+    with `monitor.repair=true` and its name); for the benchmark, the options its own parser makes
+    of it (later options win, so the docs' command shortened is often another's)."""
+    config = trained_config(text)
+    if config is not None:
+        return f"ray-ormas train {config}"
     options = bench_options(text)
     return text if options is None else f"bench/overhead.py {sorted(options.items())}"
 
@@ -282,7 +300,7 @@ def last_on_its_head(command: DocCommand) -> bool:
     return command == same[-1]
 
 
-def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -> None:
+def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -> Ran:
     """The whole block as written, against a head started here: HEAD:8265 is that head's
     dashboard, RAY_ADDRESS is set when the text says it is, token.txt holds its token."""
     assert command.block is not None
@@ -299,7 +317,57 @@ def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -
             env["RAY_ADDRESS"] = head.address
         return bash("set -e\n" + script, cwd=work, env=env, timeout=900)
 
-    check_training_output(run_once(script, make))
+    ran = run_once(script, make)
+    check_training_output(ran)
+    if "examples/gan.yaml" in script:  # one monitor, and one verified record, per model
+        assert "monitor 'generator'" in ran.out and "monitor 'discriminator'" in ran.out, ran.out[-3000:]
+        assert {r.parts[-2] for r in records_named(ran.out)} == {"generator", "discriminator"}, ran.out[-3000:]
+    return ran
+
+
+def check_the_job_on_a_token_head(clone: Clone, head: RayHead, ran: Ran) -> None:
+    """docs/job-submit.md's "What is tested", on the run of its token-authenticated block: a wrong
+    token is refused; the job's output has the connection line, progress lines and the summary
+    table; the record in storage verifies; the MLflow run is FINISHED with the config's params;
+    and a relative storage path is refused on the driver (exit 2, the job FAILED, nothing trained)."""
+    ray = str(clone.root / ".venv" / "bin" / "ray")
+    token_env = {**head.env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": head.token}
+    wrong = subprocess.run(
+        [ray, "job", "list", "--address", head.address],
+        env={**token_env, "RAY_AUTH_TOKEN": secrets.token_hex(32)},
+        capture_output=True,
+        timeout=120,
+    )
+    assert wrong.returncode != 0, "a wrong token was accepted"
+
+    assert "connecting to the Ray cluster at" in ran.out, ran.out[-3000:]
+    assert "[ray-ormas] model step      0" in ran.out and "repaired   96 ch" in ran.out, ran.out[-3000:]  # progress
+    assert "conv2.0       0         32        32             0  repaired" in ran.out, ran.out[-3000:]  # the summary
+    (record,) = [r for r in records_named(ran.out) if r.parts[-3:-1] == ("ormas", "model")]
+    run_dir = record.parents[2]  # RUN/ormas/model/segment-000
+    assert run_dir.name == "digits-repair" and verify_run(record).ok
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs(client.get_experiment_by_name("ray-ormas").experiment_id)
+    assert run.info.status == "FINISHED" and run.data.params["monitor.repair"] == "True"
+    assert run.data.params["train_loop_config.train.epochs"] == SHORT_TRAIN.split("=")[-1]
+
+    # A relative storage path would live in the job's temporary working directory: refused.
+    work = clone.copy("job-relative-storage")
+    relative = subprocess.run(
+        [ray, "job", "submit", "--address", head.address, "--working-dir", ".", "--"]
+        + ["ray-ormas", "train", "examples/digits_repair.yaml", "--set", "storage.path=./runs"],
+        cwd=work,
+        env=token_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = relative.stdout + relative.stderr
+    assert relative.returncode != 0, said[-3000:]
+    assert "storage.path: './runs' is a relative path, and this runs under `ray job submit`" in said, said[-3000:]
+    assert "exit code 2" in said or "failed" in said.lower()
 
 
 def closest_dry_run(clone: Clone, command: DocCommand) -> None:
@@ -560,6 +628,9 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
         assert command.text in ci
     elif how == "demo":  # the same command as the README's, in the same setup
         assert README_DEMO.text.endswith("&& .venv/bin/" + command.text)
+    elif how == "install" and README_DEMO.text.startswith(command.text + " && "):
+        # The README's demo command began with this very install, on this clone: compared, not repeated.
+        assert (clone.root / ".venv" / "bin" / "ray-ormas").is_file()
     elif how == "install":
         ran = run_once(
             command.text, lambda: bash(command.text, cwd=clone.root, env=clone.env(clone.base / "home-i"), timeout=900)
@@ -582,7 +653,9 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
     elif how == "ray_cluster":
         head = request.getfixturevalue(head_fixture(command))
         try:
-            closest_on_a_ray_cluster(clone, command, head)
+            ran = closest_on_a_ray_cluster(clone, command, head)
+            if head.token and last_on_its_head(command):
+                check_the_job_on_a_token_head(clone, head, ran)
         finally:
             if last_on_its_head(command):
                 head.stop()

@@ -4,6 +4,9 @@ filesystem, a SIGKILLed worker resumed exactly from its checkpoint, and linked s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -36,19 +39,42 @@ def lines(data: bytes) -> list[dict]:
     return [json.loads(x) for x in data.splitlines()]
 
 
-@pytest.mark.timeout(240)
-def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(tmp_path):
-    bucket = tmp_path / "bucket"
+@dataclass(frozen=True)
+class BucketFit:
+    result: Any
+    bucket: Path
+    new_temporary_folders: dict[str, int]
+
+
+def fit_in_a_bucket(bucket: Path, upload_mode: str) -> BucketFit:
+    """8 epochs into a non-local filesystem (a folder seen through SubTreeFileSystem), checkpoints
+    uploaded the `upload_mode` way, rank 0 reading the record in storage back after each report;
+    with the temp folders it left on the node."""
     bucket.mkdir()
+    before = temporary_folders()
     fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
-    segment = "runs/persist/ormas/model/segment-000"
     result = fit(
-        "persist",
-        RunConfig(name="persist", storage_path="runs", storage_filesystem=fs),
-        epochs=3,
+        "disk",
+        RunConfig(name="disk", storage_path="runs", storage_filesystem=fs),
+        epochs=8,
+        upload_mode=upload_mode,
         storage_root=str(bucket),
-        storage_check=f"{segment}/diary.jsonl",
+        storage_check="runs/disk/ormas/model/segment-000/diary.jsonl",
     )
+    left = {name: size for name, size in temporary_folders().items() if name not in before}
+    return BucketFit(result, bucket, left)
+
+
+@pytest.fixture(scope="module", params=["SYNC", "ASYNC"])
+def bucket_fit(request, tmp_path_factory) -> BucketFit:
+    return fit_in_a_bucket(tmp_path_factory.mktemp("bucket") / "bucket", request.param)
+
+
+@pytest.mark.timeout(300)
+def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(bucket_fit):
+    result, bucket = bucket_fit.result, bucket_fit.bucket
+    fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
+    segment = "runs/disk/ormas/model/segment-000"
     run = result.ormas
     assert run.record_dir is None and run.records == {"model": segment} and not run.store.is_local
 
@@ -67,8 +93,8 @@ def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(
 
     # At each checkpoint the record in storage was already up to it (read by rank 0 right after
     # each report), and the checkpoint's metadata points at exactly that prefix.
-    checkpoints = sorted(p for p in (bucket / "runs" / "persist").glob("checkpoint_*") if p.is_dir())
-    assert len(checkpoints) == 3
+    checkpoints = sorted(p for p in (bucket / "runs" / "disk").glob("checkpoint_*") if p.is_dir())
+    assert len(checkpoints) == 8
     seen = result.return_value["persisted_lines"]
     for i, path in enumerate(checkpoints):
         pointer = Checkpoint(str(path.relative_to(bucket)), fs).get_metadata()["ormas"]["model"]
@@ -80,16 +106,9 @@ def test_the_record_persists_through_a_non_local_filesystem_at_every_checkpoint(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("upload_mode", ["SYNC", "ASYNC"])
-def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(tmp_path, upload_mode):
-    bucket = tmp_path / "bucket"
-    bucket.mkdir()
+def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(bucket_fit):
+    result, bucket, left = bucket_fit.result, bucket_fit.bucket, bucket_fit.new_temporary_folders
     fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
-    before = temporary_folders()
-    result = fit(
-        "disk", RunConfig(name="disk", storage_path="runs", storage_filesystem=fs), epochs=8, upload_mode=upload_mode
-    )
-    left = {name: size for name, size in temporary_folders().items() if name not in before}
     checkpoints = sorted(p for p in (bucket / "runs" / "disk").glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 8
     one = sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file())
@@ -160,25 +179,12 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
     assert whole.column("loss").to_pylist()[:7] == metrics.column("loss").to_pylist()[:7]
 
 
-@pytest.mark.timeout(300)
-def test_a_repair_before_a_worker_failure_stays_in_the_whole_runs_facts(storage, tmp_path):
+@pytest.mark.timeout(420)
+def test_a_repair_before_a_worker_failure_stays_in_the_whole_runs_facts(killed_and_repaired_fit):
     """A lesioned CNN repaired in attempt 0, a worker killed in epoch 2, Ray resuming from a
-    checkpoint: `final`, the per-segment rows and the MLflow run's end give the whole run."""
-    result = RayOrmasTrainer(
-        resume_loop,
-        train_loop_config={
-            "epochs": 3,
-            "lesion": True,
-            "kill_rank": 1,
-            "kill_at": 2 * STEPS_PER_EPOCH + 3,
-            "kill_marker": str(tmp_path / "killed-once"),
-        },
-        check_every=2,
-        repair=True,
-        verbose=False,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="repaired", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
-    ).fit()
+    checkpoint (tests/shared_fits.py): `final`, the per-segment rows and the MLflow run's end give
+    the whole run."""
+    result = killed_and_repaired_fit.result
     rows = result.ormas.segments
     assert [(r["monitor"], r["attempt"]) for r in rows] == [("model", 0), ("model", 1)] and rows[1]["complete"]
     assert rows[0]["channels_repaired"] > 0  # the repair happened in the attempt that failed

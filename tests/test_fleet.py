@@ -111,17 +111,15 @@ def test_a_rank_slow_in_data_loading_is_named_within_three_checks(storage):
     assert 'kind="straggler"' in text and 'run="slow"' in text
 
 
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(300)
-def test_healthy_digits_run_raises_no_fleet_alarm(storage):
-    result = fit(storage, "healthy", steps=60, mlflow=False)
+def test_healthy_digits_run_raises_no_fleet_alarm(healthy_fit):
+    result = healthy_fit.result  # 24 steps, a check every 4 (tests/shared_fits.py)
     fleet = result.ormas.fleet
-    assert fleet.alarms == [] and fleet.checks == 12
+    assert fleet.alarms == [] and fleet.checks == 6
     assert [r["rank"] for r in fleet.ranks] == [0, 1] and all(r["nonfinite_checks"] == 0 for r in fleet.ranks)
-    digests = ray_ormas.open_records(storage / "healthy").fleet_checks().to_pydict()["digest"]
+    digests = ray_ormas.open_records(healthy_fit.run_dir).fleet_checks().to_pydict()["digest"]
     assert len(set(digests)) > 1  # the parameters change between checks ...
     by_check: dict = {}
-    for row in ray_ormas.open_records(storage / "healthy").fleet_checks().to_pylist():
+    for row in ray_ormas.open_records(healthy_fit.run_dir).fleet_checks().to_pylist():
         by_check.setdefault(row["check"], set()).add(row["digest"])
     assert all(len(d) == 1 for d in by_check.values())  # ... identically on both replicas
     assert fleet.loss_mean is not None and fleet.loss_rank0 is not None
@@ -177,14 +175,12 @@ def test_a_hang_error_lands_in_the_fleet_record(storage):
     assert "NCCLHangError" in alarms[0]["message"]
 
 
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(300)
-def test_with_fleet_health_off_nothing_of_it_runs(storage):
-    result = fit(storage, "off", steps=12, fleet=False)
+def test_with_fleet_health_off_nothing_of_it_runs(watched_fit):
+    result = watched_fit.result  # fleet=False (tests/shared_fits.py)
     assert result.ormas.fleet is None
     assert result.return_value["fleet_probe"] is False  # no probe, no hooks, no facts sent
-    assert not (storage / "off" / "ormas" / "fleet").exists()
-    client = MlflowClient(tracking_uri=f"sqlite:///{storage / 'off' / 'mlflow' / 'mlflow.db'}")
+    assert not (watched_fit.run_dir / "ormas" / "fleet").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{watched_fit.run_dir / 'mlflow' / 'mlflow.db'}")
     assert not [k for k in client.get_run(result.ormas.mlflow_run_id).data.metrics if k.startswith("fleet/")]
 
 

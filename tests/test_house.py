@@ -153,6 +153,41 @@ def test_the_tiers_in_contributing_select_what_it_says():
     smoke = tiers["smoke"] - tiers["fast"]
     assert 2 <= len(smoke) <= 6, smoke  # one representative fit of each kind
     assert all("ray" in everything[t] for t in smoke)
-    assert not any(
-        t.startswith(("tests/test_doc_commands.py::test_the_", "tests/test_job_submit.py")) for t in tiers["no_system"]
-    )
+    assert not any(t.startswith("tests/test_doc_commands.py::test_the_") for t in tiers["no_system"])
+
+
+def test_the_fit_budget_is_the_one_contributing_gives():
+    from .fit_count import FIT_BUDGET
+
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    (budget,) = re.findall(r"at most \*\*(\d+) Ray Train fits\*\*", text)
+    assert int(budget) == FIT_BUDGET
+
+
+def test_the_fit_counter_counts_each_cluster_and_fit_once_and_credits_the_test_running(tmp_path):
+    from .fit_count import CONTROLLER_LOG, FitCounter
+
+    def session(root: Path, name: str, fits: int) -> Path:
+        train = root / name / "logs" / "train"
+        train.mkdir(parents=True, exist_ok=True)
+        for i in range(fits):
+            (train / CONTROLLER_LOG.replace("*", f"{name}-{i}")).touch()
+            (train / f"ray-train-app-controller-{name}-{i}.log").touch()  # the same fit's other log
+        return root / name
+
+    old = session(tmp_path / "ray", "session_2026-01-01_00-00-00_1", 3)  # before the session: not counted
+    counter = FitCounter(tmp_path)
+    counter.baseline()
+    counter.current = "tests/test_a.py::test_one"
+    session(tmp_path / "ray", "session_2026-01-01_00-00-00_1", 4)  # a fit more on an old cluster
+    session(tmp_path / "ray", "session_2026-01-01_00-00-01_2", 2)  # the default temp dir
+    (tmp_path / "ray" / "session_latest").symlink_to(old)  # Ray's link: not a cluster of its own
+    counter.scan()
+    counter.current = "tests/test_b.py::test_two"
+    session(tmp_path / "rod-head-7", "session_2026-01-01_00-00-02_3", 1)  # `ray start --temp-dir`
+    session(tmp_path / "mine" / "ray", "session_2026-01-01_00-00-03_4", 1)  # RAY_TMPDIR=/tmp/mine
+    counter.scan()
+    counter.scan()  # nothing new: nothing counted twice
+    assert dict(counter.fits) == {"tests/test_a.py::test_one": 3, "tests/test_b.py::test_two": 2}
+    assert dict(counter.clusters) == {"tests/test_a.py::test_one": 1, "tests/test_b.py::test_two": 2}
+    assert counter.by_file(counter.fits) == {"tests/test_a.py": 3, "tests/test_b.py": 2}

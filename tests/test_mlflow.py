@@ -7,6 +7,8 @@ reach the server), MLflow's metric histories must equal the record's rows at the
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import math
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+from ormas_monitor.record import verify_run
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 from ray_ormas import MLflowSettings, RayOrmasTrainer
 
@@ -67,23 +70,46 @@ def diary(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "diary.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.timeout(300)
-def test_one_complete_run_per_fit(ray_cluster, server, storage, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "s3cr3t-t0ken")
+@pytest.fixture(scope="module")
+def tracked(ray_cluster, server, tmp_path_factory):
+    """One fit tracked on the server with tags, nested and long params and a secret in the
+    environment; three checkpointed reports, every checkpoint logged to MLflow, and Ray keeping
+    only the last (`num_to_keep=1`). What it printed is kept for the test that reads it."""
+    from ray.train import CheckpointConfig
+
+    storage = tmp_path_factory.mktemp("tracked")
+    os.environ["MLFLOW_TRACKING_TOKEN"] = "s3cr3t-t0ken"
     config = {
         "steps": 16,
-        "report_at": [8],
+        "report_at": [4, 8, 12],
         "checkpoint": True,
+        "sleep_per_step": 0.3,
         "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}},
         "long": "x" * 7000,
         "api": "s3cr3t-t0ken",
     }
-    result = fit(
-        storage,
-        "tracked",
-        MLflowSettings(tracking_uri=server, experiment_name="one-run", tags={"team": "vision"}),
-        train_loop_config=config,
-    )
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            result = fit(
+                storage,
+                "tracked",
+                MLflowSettings(
+                    tracking_uri=server, experiment_name="one-run", tags={"team": "vision"}, log_checkpoints="all"
+                ),
+                train_loop_config=config,
+                run_config=RunConfig(
+                    name="tracked", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
+                ),
+            )
+    finally:
+        del os.environ["MLFLOW_TRACKING_TOKEN"]
+    return result, storage, out.getvalue() + err.getvalue()
+
+
+@pytest.mark.timeout(300)
+def test_one_complete_run_per_fit(tracked, server):
+    result, _, printed = tracked
     [run] = runs_of(server, "one-run")
     client = MlflowClient(server)
     assert result.ormas.mlflow_run_id == run.info.run_id and run.info.status == "FINISHED"
@@ -101,44 +127,88 @@ def test_one_complete_run_per_fit(ray_cluster, server, storage, monkeypatch, cap
     assert client.get_metric_history(run.info.run_id, "ormas/events/manifest")[0].step == 0
     assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
     assert run.data.tags["ray_ormas.final_checkpoint"] == result.checkpoint.path
-    out = capsys.readouterr()
     record = "".join((result.ormas.record_dir / f).read_text() for f in ("diary.jsonl", "metrics.jsonl"))
-    assert "s3cr3t-t0ken" not in out.out + out.err + record + json.dumps(run.data.tags)
+    assert "s3cr3t-t0ken" not in printed + record + json.dumps(run.data.tags)
+
+
+def test_a_failed_fit_is_failed_with_the_error(failed_fit):
+    # The shared failing fit (tests/shared_fits.py), tracked in the embedded store as by default:
+    # the writer that closes a run FAILED is the same for every store.
+    uri = f"sqlite:///{failed_fit.run_dir / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    [run] = runs_of(uri, "ray-ormas")
+    assert run.info.status == "FAILED"
+    assert "boom at step 7" in run.data.tags["ray_ormas.error"]
+    assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
+
+
+@pytest.fixture(scope="module")
+def restarted(ray_cluster, server, tmp_path_factory):
+    """A fit whose rank 0 fails once at step 5, restarted by Ray (max_failures=1), tracked on the server."""
+    storage = tmp_path_factory.mktemp("restart")
+    result = fit(
+        storage,
+        "restart",
+        MLflowSettings(tracking_uri=server, experiment_name="failures"),
+        report_every=2,
+        train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path_factory.mktemp("marker") / "once")},
+        run_config=RunConfig(name="restart", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
+    )
+    return result, storage
 
 
 @pytest.mark.timeout(300)
-def test_failure_is_failed_with_the_error_and_a_restart_stays_one_run(ray_cluster, server, storage, tmp_path):
-    settings = MLflowSettings(tracking_uri=server, experiment_name="failures")
-    with pytest.raises(TrainingFailedError):
-        fit(storage, "boom", settings, train_loop_config={"steps": 10, "raise_at": 5})
-    restarted = fit(
-        storage,
-        "restart",
-        settings,
-        train_loop_config={"steps": 12, "fail_once_marker": str(tmp_path / "once")},
-        run_config=RunConfig(name="restart", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
-    )
+def test_a_restart_stays_one_run(restarted, server):
+    restarted, _ = restarted
     runs = {r.info.run_name: r for r in runs_of(server, "failures")}
-    assert set(runs) == {"boom", "restart"}  # one run per fit, restart included
-    assert runs["boom"].info.status == "FAILED"
-    assert "boom at step 5" in runs["boom"].data.tags["ray_ormas.error"]
+    assert set(runs) == {"restart"}  # one run per fit, restart included
     assert runs["restart"].info.status == "FINISHED"
     assert runs["restart"].info.run_id == restarted.ormas.mlflow_run_id
     client = MlflowClient(server)
     assert artifacts(client, runs["restart"].info.run_id, "ormas/model") == {"segment-000", "segment-001"}
-    assert artifacts(client, runs["boom"].info.run_id, "ormas/model/segment-000") == RECORD_FILES
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_worker_group_records_a_new_segment_beside_the_failed_one(restarted):
+    result, storage = restarted
+    root = storage / "restart" / "ormas" / "model"
+    failed, retried = root / "segment-000", root / "segment-001"
+    assert result.ormas.record_dir == retried
+    assert diary(failed)[-1]["error"] == "RuntimeError: injected failure" and diary(failed)[-1]["steps"] == 5
+    assert "error" not in diary(retried)[-1] and diary(retried)[-1]["steps"] == 12
+    assert verify_run(failed).ok and verify_run(retried).ok
+    assert result.ormas.worker_errors == [{0: "RuntimeError: injected failure"}]
+    assert result.ormas.final["ormas/kind"] == "final" and result.ormas.final["ormas/steps_per_rank"] == [12, 12]
+
+
+@pytest.fixture(scope="module")
+def isolated(ray_cluster, server, tmp_path_factory):
+    """One fit that continues a run created beforehand (its run id), whose workers cannot reach the
+    server (every rank refuses connections to its port), logging only the best checkpoint."""
+    storage = tmp_path_factory.mktemp("isolated")
+    client = MlflowClient(server)
+    run_id = client.create_run(client.create_experiment("isolated"), run_name="mine").info.run_id
+    port = int(server.rsplit(":", 1)[1])
+    result = fit(
+        storage,
+        "isolated",
+        MLflowSettings(
+            tracking_uri=server,
+            run_id=run_id,
+            log_checkpoints="best",
+            checkpoint_metric="user_step",
+            checkpoint_mode="min",
+        ),
+        train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "unreachable_port": port},
+    )
+    return result, storage, run_id
 
 
 @pytest.mark.timeout(240)
-def test_an_existing_run_id_is_continued(ray_cluster, server, storage):
-    client = MlflowClient(server)
-    exp = client.create_experiment("continued")
-    run_id = client.create_run(exp, run_name="mine").info.run_id
-    result = fit(
-        storage, "continued", MLflowSettings(tracking_uri=server, run_id=run_id), train_loop_config={"steps": 8}
-    )
+def test_an_existing_run_id_is_continued(isolated, server):
+    result, _, run_id = isolated
     assert result.ormas.mlflow_run_id == run_id
-    [run] = runs_of(server, "continued")
+    [run] = runs_of(server, "isolated")
     assert run.info.status == "FINISHED" and run.data.metrics["ormas/loss"] > 0
 
 
@@ -515,20 +585,8 @@ def test_an_outage_that_outlasts_the_fit_is_made_good_by_mlflow_sync(ray_cluster
 
 
 @pytest.mark.timeout(300)
-def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(ray_cluster, server, storage):
-    port = int(server.rsplit(":", 1)[1])
-    result = fit(
-        storage,
-        "isolated",
-        MLflowSettings(
-            tracking_uri=server,
-            experiment_name="isolated",
-            log_checkpoints="best",
-            checkpoint_metric="user_step",
-            checkpoint_mode="min",
-        ),
-        train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "unreachable_port": port},
-    )
+def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(isolated, server):
+    result, storage, _ = isolated
     [run] = runs_of(server, "isolated")
     client = MlflowClient(server)
     assert run.info.status == "FINISHED" and result.ormas.mlflow_complete
@@ -543,21 +601,11 @@ def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(ray_cluster,
 
 
 @pytest.mark.timeout(300)
-def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(ray_cluster, server, storage):
-    from ray.train import CheckpointConfig
-
-    result = fit(
-        storage,
-        "every",
-        MLflowSettings(tracking_uri=server, experiment_name="every", log_checkpoints="all"),
-        train_loop_config={"steps": 12, "report_at": [4, 8, 12], "checkpoint": True, "sleep_per_step": 0.3},
-        run_config=RunConfig(
-            name="every", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
-        ),
-    )
-    [run] = runs_of(server, "every")
+def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(tracked, server):
+    result, storage, _ = tracked
+    [run] = runs_of(server, "one-run")
     client = MlflowClient(server)
-    kept = [p.name for p in (storage / "every").glob("checkpoint_*") if p.is_dir()]
+    kept = [p.name for p in (storage / "tracked").glob("checkpoint_*") if p.is_dir()]
     assert kept == [Path(result.checkpoint.path).name]  # Ray kept one
     uploaded = artifacts(client, run.info.run_id, "checkpoints")
     assert len(uploaded) == 3 and set(kept) < uploaded  # MLflow has all three

@@ -24,6 +24,7 @@ def fresh_checks():
         ray_train.check_nccl_hang_env,
         ray_train._say_format_changed,
         ray_train.print_patch_env,
+        ray_train.poll_interval_env,
         ray_train._say_once,
     ):
         check.cache_clear()
@@ -34,6 +35,7 @@ def fresh_checks():
         ray_train.check_nccl_hang_env,
         ray_train._say_format_changed,
         ray_train.print_patch_env,
+        ray_train.poll_interval_env,
         ray_train._say_once,
     ):
         check.cache_clear()
@@ -45,6 +47,20 @@ def test_each_piece_matches_the_installed_ray():
     assert ray_train.job_config_env() == "RAY_JOB_CONFIG_JSON_ENV_VAR"
     ray_train.check_nccl_hang_env()
     assert ray_train.print_patch_env() == "RAY_TRAIN_ENABLE_PRINT_PATCH"
+    assert ray_train.poll_interval_env() == "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def test_a_renamed_or_unpropagated_poll_interval_variable_fails_loudly(monkeypatch):
+    constants = importlib.import_module(ray_train.TRAIN_CONSTANTS_MODULE)
+    monkeypatch.setattr(constants, "HEALTH_CHECK_INTERVAL_S_ENV_VAR", "RAY_TRAIN_POLL_S")
+    with pytest.raises(RaySeamChanged, match=r"controller polls.*reads 'RAY_TRAIN_POLL_S', not"):
+        ray_train.poll_interval_env()
+    monkeypatch.undo()
+    ray_train.poll_interval_env.cache_clear()
+    propagated = constants.ENV_VARS_TO_PROPAGATE - {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"}
+    monkeypatch.setattr(constants, "ENV_VARS_TO_PROPAGATE", propagated)
+    with pytest.raises(RaySeamChanged, match="no longer propagates RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"):
+        ray_train.poll_interval_env()
 
 
 def test_a_renamed_print_patch_variable_fails_loudly(monkeypatch):

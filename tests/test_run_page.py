@@ -1,9 +1,10 @@
 """One page per fit (driver/run_page.py): `run.html` in the run's record after every fit, an
 artifact of its MLflow run, read in a real browser against the record.
 
-The fit has what the page must show: two attempts (rank 0 is killed in the first, so its segment
-is cut short; Ray resumes from the epoch-1 checkpoint), a lesion that is certified and repaired,
-and a rank slowed in data loading, so the fleet raises a straggler alarm in each attempt.
+The fit (`killed_and_repaired_fit`, tests/shared_fits.py) has what the page must show: two
+attempts (rank 0 is killed in the first, so its segment is cut short; Ray resumes from the
+epoch-1 checkpoint), a lesion that is certified and repaired, and a rank slowed in data
+loading, so the fleet raises a straggler alarm in each attempt.
 """
 
 from __future__ import annotations
@@ -12,34 +13,17 @@ from collections import Counter
 
 import pytest
 from mlflow import MlflowClient
-from ray.train import FailureConfig, RunConfig, ScalingConfig
 
-from ray_ormas import RayOrmasTrainer, open_records
+from ray_ormas import open_records
 
 from .browser import render
-from .loops import resume_loop
 
 
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(420)
-def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_alarms_of_the_record(storage, tmp_path):
-    result = RayOrmasTrainer(
-        resume_loop,
-        train_loop_config={
-            "epochs": 4,
-            "lesion": True,
-            "kill_rank": 0,
-            "kill_at": 20,  # 4 steps into epoch 2; the last checkpoint is epoch 1's (step 16)
-            "kill_marker": str(tmp_path / "killed"),
-            "slow_rank": 1,
-            "slow_s": 0.04,
-        },
-        repair=True,
-        check_every=3,
-        verbose=False,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="paged", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
-    ).fit()
+def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_alarms_of_the_record(
+    killed_and_repaired_fit, tmp_path
+):
+    result, storage = killed_and_repaired_fit.result, killed_and_repaired_fit.storage  # tests/shared_fits.py
     run = result.ormas
     page = storage / "paged" / "ormas" / "run.html"
     assert run.run_page == str(page) and page.is_file()

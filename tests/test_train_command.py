@@ -319,16 +319,14 @@ def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_transformer_fsdp_and_gan_examples(console, tmp_path):
+def test_transformer_fsdp_example(console, tmp_path):
+    # The GAN example (examples/gan.yaml) runs as docs/cli.md submits it, with `ray job submit`
+    # (tests/test_doc_commands.py: one monitor and one verified record per model).
     out = finished(console, tmp_path, "transformer_fsdp.yaml", "train.epochs=1")
     record = tmp_path / "transformer-fsdp" / "ormas" / "model" / "segment-000"
     manifest = next(json.loads(x) for x in (record / "diary.jsonl").read_text().splitlines() if '"manifest"' in x)
     assert manifest["distributed"]["mode"] == "fsdp" and manifest["channel_checks"] is False
     assert "monitor 'model'" in out and verify_run(record).ok
-    out = finished(console, tmp_path, "gan.yaml", "train.epochs=1")
-    assert "monitor 'generator'" in out and "monitor 'discriminator'" in out
-    for name in ("generator", "discriminator"):
-        assert verify_run(tmp_path / "gan" / "ormas" / name / "segment-000").ok
 
 
 @pytest.mark.usefixtures("ray_cluster")

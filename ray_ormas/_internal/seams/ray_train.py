@@ -18,6 +18,11 @@ upstream change that would let it go.
   in Ray 2.60 writes every line a worker prints twice (to the worker's stdout and through
   Ray Train's logger, both of which reach the driver's console). ray-ormas turns it off for its
   workers unless you set it (driver/trainer.py). Checked against Ray Train's constant.
+* `POLL_INTERVAL_ENV`: the variable that sets how often Ray Train's controller polls its workers
+  (2 s by default), which Ray propagates from the driver to the controller. A report is seen at
+  one poll and the end of the loop at the next, so the final report every ray-ormas fit makes
+  costs a whole poll interval at the fit's end; ray-ormas polls every 0.5 s unless you set it
+  (driver/trainer.py). Checked against Ray Train's constant and its list of propagated variables.
 * `hide_report_lines()`: a filter on the logger of Ray Train's worker context module that drops
   the INFO line Ray Train logs for every `ray.train.report` on every rank ("Reporting training
   result N: TrainingReport(...)", the whole metrics dict). Run on each worker unless
@@ -70,6 +75,7 @@ NCCL_HANG_ENV = {
 }
 TRAIN_CONSTANTS_MODULE = "ray.train.v2._internal.constants"
 PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 REPORT_LOG_MODULE = "ray.train.v2._internal.execution.context"
 REPORT_LINE_PREFIX = "Reporting training result"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
@@ -150,6 +156,19 @@ def print_patch_env() -> str:
     return _same_as_rays(
         PRINT_PATCH_ENV, TRAIN_CONSTANTS_MODULE, "ENABLE_PRINT_PATCH_ENV_VAR", piece, "Ray Train reads"
     )
+
+
+@functools.cache
+def poll_interval_env() -> str:
+    """The variable that sets the controller's poll interval, checked against Ray Train's name for
+    it and its list of the variables the driver propagates to the controller."""
+    piece = "ends a fit one poll sooner by setting how often Ray Train's controller polls its workers"
+    name = _same_as_rays(
+        POLL_INTERVAL_ENV, TRAIN_CONSTANTS_MODULE, "HEALTH_CHECK_INTERVAL_S_ENV_VAR", piece, "Ray Train reads"
+    )
+    if name not in _ray_constant(TRAIN_CONSTANTS_MODULE, "ENV_VARS_TO_PROPAGATE", piece):
+        raise changed(piece, f"Ray Train no longer propagates {name} from the driver to the controller")
+    return name
 
 
 class _ReportLineFilter(logging.Filter):
