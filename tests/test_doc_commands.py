@@ -13,10 +13,14 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
   --steps 30 --world-sizes 2` and `bench/components/persistence.py` gets `--steps 200
   --uploads 5` (docs/performance.md); a benchmark command runs once per set of options its parser
   makes of it, and a command whose rows a wider documented one prints (the same options, plus
-  `--with-report` or a further `--attach` way) is checked by that run. Each check is the line or
+  `--with-report` or a further `--attach` way) is checked by that run; two `ray-ormas train`
+  commands that resolve to the same config train once, and an install the README's demo command
+  began with is compared with it, not repeated. Each check is the line or
   file the docs promise: the record a training names verifies, a dry run says the config is valid, ...
 * A command the text marks as needing what this machine lacks runs the closest thing that does
-  (`closest_*` below): a Ray cluster is started here (`ray start --head`); a GPU script, or one
+  (`closest_*` below): a Ray cluster is started here (`ray start --head`; on the
+  token-authenticated one, the job's run is also checked as docs/job-submit.md's "What is
+  tested" says); a GPU script, or one
   that needs the test extras, gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
   with the S3 location made local;
   a read from S3 reads the demo's run through a `file://` URI instead; `kubectl apply -k DIR`

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 import pytest
 
@@ -134,3 +135,19 @@ def test_a_remote_traceback_gives_its_last_error_line_and_a_changed_format_is_sa
     [said] = [r.getMessage() for r in caplog.records]
     assert "Ray's error text changed" in said and "ray==2.60.0" in said
     assert "(the error was: no data)" in one_line(RuntimeError(changed))
+
+
+def test_a_fit_polls_every_half_second_unless_the_user_set_the_interval(monkeypatch):
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    from ray_ormas._internal.driver.trainer import _environment, _poll_interval
+
+    name = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+    monkeypatch.delenv(name, raising=False)
+    with _environment(_poll_interval()):
+        assert get_env_vars_to_propagate()[name] == "0.5"  # what Ray hands the controller
+    assert name not in os.environ
+    monkeypatch.setenv(name, "3")
+    with _environment(_poll_interval()):
+        assert get_env_vars_to_propagate()[name] == "3"  # the user's own value wins
+    assert os.environ[name] == "3"
