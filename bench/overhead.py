@@ -374,26 +374,7 @@ def run_paired(args: argparse.Namespace) -> None:
 
 def fit_wall_once(args: argparse.Namespace, model: str, mode: str) -> dict[str, float]:
     """One whole fit of `bench_loop`, plain or ray-ormas (watch-only, everything else default)."""
-    from ray.train import RunConfig
-    from ray.train.torch import TorchTrainer
-
-    from ray_ormas import RayOrmasTrainer
-
-    config = _loop_config(args, model, "plain" if mode == "plain" else "watch")
-    run_config = RunConfig(name=f"bench-fit-{mode}-{time.time_ns()}", storage_path=args.storage)
-    if mode == "plain":
-        trainer: Any = TorchTrainer(
-            bench_loop, train_loop_config=config, scaling_config=_scaling(args, args.workers), run_config=run_config
-        )
-    else:
-        trainer = RayOrmasTrainer(
-            bench_loop,
-            train_loop_config=config,
-            check_every=args.check_every,
-            verbose=False,
-            scaling_config=_scaling(args, args.workers),
-            run_config=run_config,
-        )
+    trainer = _trainer(args, model, "plain" if mode == "plain" else "watch")
     started = time.time()
     out = trainer.fit().return_value  # rank 0's, as Ray Train returns it
     ended = time.time()
@@ -470,34 +451,28 @@ def _scaling(args: argparse.Namespace, workers: int) -> Any:
     return ScalingConfig(num_workers=workers, use_gpu=args.device == "cuda")
 
 
-def run_once(name: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+def _trainer(args: argparse.Namespace, model: str, config: str) -> Any:
+    """`bench_loop` under plain `TorchTrainer` (`config` "plain") or under `RayOrmasTrainer` with
+    one of `CONFIGS` / `WITH_REPORT`."""
     from ray.train import RunConfig
     from ray.train.torch import TorchTrainer
 
     from ray_ormas import RayOrmasTrainer
 
-    loop_config = _loop_config(args, model, name)
-    run_config = RunConfig(name=f"bench-{model}-{name}-{time.time_ns()}", storage_path=args.storage)
+    common: dict[str, Any] = {
+        "train_loop_config": _loop_config(args, model, config),
+        "scaling_config": _scaling(args, args.workers),
+        "run_config": RunConfig(name=f"bench-{model}-{config}-{time.time_ns()}", storage_path=args.storage),
+    }
+    if config == "plain":
+        return TorchTrainer(bench_loop, **common)
+    options = {**CONFIGS, **WITH_REPORT}[config]
+    return RayOrmasTrainer(bench_loop, check_every=args.check_every, verbose=False, **common, **options)
+
+
+def run_once(name: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     start = time.time()
-    if name == "plain":
-        result = TorchTrainer(
-            bench_loop,
-            train_loop_config=loop_config,
-            scaling_config=_scaling(args, args.workers),
-            run_config=run_config,
-        ).fit()
-    else:
-        options = {**CONFIGS, **WITH_REPORT}[name]
-        result = RayOrmasTrainer(
-            bench_loop,
-            train_loop_config=loop_config,
-            check_every=args.check_every,
-            verbose=False,
-            scaling_config=_scaling(args, args.workers),
-            run_config=run_config,
-            **options,
-        ).fit()
-    out = result.return_value
+    out = _trainer(args, model, name).fit().return_value
     out["startup"] = out["first_step_at"] - start
     out["fit_s"] = time.time() - start
     return out

@@ -36,16 +36,22 @@ from .loops import digits_loop, resume_loop
 
 
 @dataclass(frozen=True)
-class SharedFit:
-    """A fit's result and the storage folder its run is in (`storage / name`)."""
+class _Run:
+    """Where a fit's run is: `storage / name`."""
 
-    result: RayOrmasResult
     storage: Path
     name: str
 
     @property
     def run_dir(self) -> Path:
         return self.storage / self.name
+
+
+@dataclass(frozen=True)
+class SharedFit(_Run):
+    """A fit that returned: its result, and where its run is."""
+
+    result: RayOrmasResult
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +68,7 @@ def healthy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Shared
             name="healthy", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
         ),
     ).fit()
-    return SharedFit(result, storage, "healthy")
+    return SharedFit(storage, "healthy", result=result)
 
 
 @pytest.fixture(scope="session")
@@ -78,20 +84,14 @@ def watched_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Shared
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="watch", storage_path=str(storage)),
     ).fit()
-    return SharedFit(result, storage, "watch")
+    return SharedFit(storage, "watch", result=result)
 
 
 @dataclass(frozen=True)
-class FailedFit:
-    """A fit that raised: what `fit()` raised, and the storage folder its run is in."""
+class FailedFit(_Run):
+    """A fit that raised: what `fit()` raised, and where its run is."""
 
     error: TrainingFailedError
-    storage: Path
-    name: str
-
-    @property
-    def run_dir(self) -> Path:
-        return self.storage / self.name
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +107,7 @@ def failed_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> FailedF
     )
     with pytest.raises(TrainingFailedError) as info:
         trainer.fit()
-    return FailedFit(info.value, storage, "boom")
+    return FailedFit(storage, "boom", error=info.value)
 
 
 @pytest.fixture(scope="session")
@@ -130,4 +130,4 @@ def killed_and_repaired_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactor
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="paged", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
     ).fit()
-    return SharedFit(result, storage, "paged")
+    return SharedFit(storage, "paged", result=result)
