@@ -380,9 +380,9 @@ def _import_what_a_sync_needs(uri: str) -> None:
 def _yield_cpu_to_training() -> None:
     """Lower this thread's CPU priority to the lowest nice value (Linux: a thread is a task with
     its own): where the head node also starts and runs the workers, as on one machine, MLflow's
-    imports and syncs take about 1.5% of a busy core and whatever is idle, so they do not slow
-    a worker down. Not SCHED_IDLE: a thread that never runs while the cores are busy could hold
-    the writer's lock that the fit's last sync (in another thread, at normal priority) waits for."""
+    imports and syncs yield to them. Ray runs its worker processes at nice 15, so anything
+    above 15 would outrank them. Not SCHED_IDLE: a thread that never runs while the cores are
+    busy could hold the writer's lock that the fit's last sync (in another thread) waits for."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
