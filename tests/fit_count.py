@@ -20,6 +20,7 @@ fails the session: the count is deterministic, unlike a time.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 from collections import Counter
@@ -32,12 +33,26 @@ FIT_BUDGET = 80  # docs/contributing.md, "The budget of fits": may only go down 
 CONTROLLER_LOG = "ray-train-sys-controller-*.log"
 
 
+def _folders(path: Path) -> list[Path]:
+    """The folders in `path` (not the links to folders); none if it is gone. Other tests create
+    and remove temp folders while this runs: a folder may vanish between listing and reading."""
+    try:
+        with os.scandir(path) as entries:
+            return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def session_folders(tmp: Path) -> set[Path]:
-    """Every Ray session folder under the machine's temp folder, one level of temp dir deep."""
-    found: set[Path] = set()
-    for pattern in ("*/session_2*", "*/ray/session_2*"):
-        found.update(p for p in tmp.glob(pattern) if p.is_dir() and not p.is_symlink())
-    return found
+    """Every Ray session folder under the machine's temp folder, one level of temp dir deep
+    (`<tmp>/<dir>/session_*` and `<tmp>/<dir>/ray/session_*`); Ray's `session_latest` link is not one."""
+    return {
+        session
+        for top in _folders(tmp)
+        for parent in (top, top / "ray")
+        for session in _folders(parent)
+        if session.name.startswith("session_2")
+    }
 
 
 @dataclass
@@ -64,6 +79,8 @@ class FitCounter:
             return set()
 
     def scan(self) -> None:
+        """Count what is new since the last scan. Never raises: a folder removed while it is read
+        is read as empty (its fits were seen by an earlier scan, or are lost to the count)."""
         with self.lock:
             sessions = session_folders(self.tmp)
             self.clusters[self.current] += len(sessions - self.known_sessions)
@@ -93,7 +110,7 @@ class FitCountPlugin:
 
     def _poll(self) -> None:
         while not self._stop.wait(1.0):
-            self.counter.scan()
+            self.counter.scan()  # never raises (see FitCounter.scan)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.counter.baseline()

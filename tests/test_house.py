@@ -165,7 +165,7 @@ def test_the_fit_budget_is_the_one_contributing_gives():
 
 
 def test_the_fit_counter_counts_each_cluster_and_fit_once_and_credits_the_test_running(tmp_path):
-    from .fit_count import CONTROLLER_LOG, FitCounter
+    from .fit_count import CONTROLLER_LOG, FitCounter, session_folders
 
     def session(root: Path, name: str, fits: int) -> Path:
         train = root / name / "logs" / "train"
@@ -191,3 +191,4 @@ def test_the_fit_counter_counts_each_cluster_and_fit_once_and_credits_the_test_r
     assert dict(counter.fits) == {"tests/test_a.py::test_one": 3, "tests/test_b.py::test_two": 2}
     assert dict(counter.clusters) == {"tests/test_a.py::test_one": 1, "tests/test_b.py::test_two": 2}
     assert counter.by_file(counter.fits) == {"tests/test_a.py": 3, "tests/test_b.py": 2}
+    assert session_folders(tmp_path / "removed-meanwhile") == set()  # a scan never raises
