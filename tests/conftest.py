@@ -26,7 +26,13 @@ import pytest
 
 from .fit_count import FitCountPlugin
 from .s3_server import S3Server, free_port, s3_environment
-from .shared_fits import failed_fit, healthy_fit, killed_and_repaired_fit, watched_fit  # noqa: F401  (fixtures)
+from .shared_fits import (  # noqa: F401  (fixtures)
+    failed_fit,
+    healthy_fit,
+    killed_and_repaired_fit,
+    watched_fit,
+    worker_view_fit,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 S3 = S3Server(free_port())

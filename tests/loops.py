@@ -37,8 +37,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     Fleet health: tiny (a 16-channel CNN whose forward takes about a millisecond, instead of the
     digits CNN), spinners (rank 0 starts that many processes that spin on a CPU until the loop
     ends, at most 5 minutes), slow_rank / slow_from / slow_s (that rank sleeps in its data loading from that
-    step on), nudge_rank / nudge_at (that rank changes conv2's weights outside DDP after that step's
-    update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
+    step on), nudge_rank / nudge_at (that rank changes conv2's weights, the tiny CNN's first conv's, outside
+    DDP after that step's update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
     rank raises Ray's NCCLHangError, as the hang detector would end the group).
     """
     torch.set_num_threads(1)
@@ -92,8 +92,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         mon.step(loss)
         opt.step()
         if rank == config.get("nudge_rank") and step == config.get("nudge_at"):
-            with torch.no_grad():
-                net.conv2[0].weight.add_(1e-3)  # outside DDP: the replicas now differ
+            with torch.no_grad():  # outside DDP: the replicas now differ
+                (net.conv2[0] if isinstance(net, DigitsCNN) else net[0]).weight.add_(1e-3)
         if step + 1 in config.get("report_at", []):
             if config.get("checkpoint"):
                 import tempfile
@@ -330,7 +330,8 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
     """FSDP2 training of TinyTransformer on a synthetic sequence task. At step `probe_step` every
     rank gathers the full gradients (a collective) so rank 0 can return the true global norm of
     each layer, to compare with what the monitor recorded. From `explode_at` on, the loss is
-    multiplied by 10^4, so the gradient alarms must fire."""
+    multiplied by 10^4, so the gradient alarms must fire. Then the checkpoint round
+    (`fsdp_checkpoint_round`) on the trained model, under "checkpoint"."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rank = ray.train.get_context().get_world_rank()
@@ -339,7 +340,8 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
     mon = ray_ormas.monitor(model, opt)
     gen = torch.Generator().manual_seed(rank)
     reference: dict[str, float] = {}
-    for step in range(config.get("steps", 12)):
+    steps = config.get("steps", 12)
+    for step in range(steps):
         start = torch.randint(0, 32, (16, 1), generator=gen)
         seq = (start + torch.arange(9)) % 32  # learnable: each token is the previous + 1
         logits = model(seq[:, :-1])
@@ -356,7 +358,12 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
         mon.step(loss)
         opt.step()
     is_dtensor = all(hasattr(p, "placements") for p in model.parameters())
-    return {"reference": reference, "dtensor_params": is_dtensor, "monitor_class": type(mon.monitor).__name__}
+    return {
+        "reference": reference,
+        "dtensor_params": is_dtensor,
+        "monitor_class": type(mon.monitor).__name__,
+        "checkpoint": fsdp_checkpoint_round(model, opt, steps, config.get("fsdp_kwargs")),
+    }
 
 
 def accumulation_loop(config: dict[str, Any]) -> None:
@@ -430,8 +437,8 @@ def amp_loop(config: dict[str, Any]) -> dict[str, Any]:
         opt.zero_grad()
         scaler.scale(loss).backward()
         if step == config.get("overflow_at"):
-            with torch.no_grad():
-                model.module.head.weight.grad[0, 0] = float("inf")
+            with torch.no_grad():  # DDP's module, or the model itself in local mode
+                getattr(model, "module", model).head.weight.grad[0, 0] = float("inf")
         mon.step(loss)
         scaler.step(opt)
         scaler.update()
@@ -480,30 +487,15 @@ def gan_loop(config: dict[str, Any]) -> dict[str, Any]:
     return {"generator_steps": mon_g.steps, "discriminator_steps": mon_d.steps}
 
 
-def epochs_loop(config: dict[str, Any]) -> dict[str, Any]:
-    """ray_ormas.epochs over a loader from ray.train.torch.prepare_data_loader (a DistributedSampler
-    with shuffle): the first batch's labels of each epoch, and this rank's batch size."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.manual_seed(0)
-    _, y, _, _ = load_digits(0)
-    data = TensorDataset(torch.arange(len(y)), y)
-    loader = ray.train.torch.prepare_data_loader(DataLoader(data, batch_size=ray_ormas.batch_size(), shuffle=True))
-    model = ray_ormas.prepare_model(torch.nn.Linear(4, 2))
-    ray_ormas.monitor(model, None)
-    firsts = []
-    for _ in ray_ormas.epochs(loader, 3):
-        firsts.append(next(iter(loader))[0].tolist())
-    return {"first_batches": firsts, "batch_size": ray_ormas.batch_size()}
-
-
-def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
-    """FSDP2: train, save_checkpoint (a gather on every rank), load it into a freshly initialised
-    sharded model on every rank, then step both identically: they must stay bit-identical."""
+def fsdp_checkpoint_round(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, fsdp_kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """FSDP2, on a sharded model trained for `step` steps: save_checkpoint (a gather on every
+    rank), load it into a freshly initialised model sharded alike on every rank, then step both
+    identically (outside the monitor): they must stay bit-identical."""
     from ray.train.collective import broadcast_from_rank_zero
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    torch.set_num_threads(1)
     rank = ray.train.get_context().get_world_rank()
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,15 +514,10 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
     def full(model: torch.nn.Module) -> list[torch.Tensor]:
         return [p.full_tensor() for p in model.parameters()]
 
-    torch.manual_seed(0)
-    model = ray_ormas.prepare_model(TinyTransformer())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ray_ormas.monitor(model, opt)
-    train(model, opt, range(4))
-    ckpt = ray_ormas.save_checkpoint(model, opt, epoch=0, step=4)
+    ckpt = ray_ormas.save_checkpoint(model, opt, epoch=0, step=step)
     path = broadcast_from_rank_zero(ckpt.path if ckpt is not None else None)
     torch.manual_seed(123)  # a different initialisation
-    fresh = ray_ormas.prepare_model(TinyTransformer())
+    fresh = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs=fsdp_kwargs)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
     state = ray_ormas.load_checkpoint(fresh, fresh_opt, checkpoint=ray.train.Checkpoint(path))
     same_params = all(torch.equal(a, b) for a, b in zip(full(model), full(fresh)))
@@ -544,8 +531,8 @@ def fsdp_checkpoint_loop(config: dict[str, Any]) -> dict[str, Any]:
         for k in a["state"]
         for s in a["state"][k]
     )
-    train(model, opt, range(4, 8))
-    train(fresh, fresh_opt, range(4, 8))
+    train(model, opt, range(step, step + 4))
+    train(fresh, fresh_opt, range(step, step + 4))
     same_after = all(torch.equal(x, y) for x, y in zip(full(model), full(fresh)))
     saved_keys = sorted(torch.load(f"{path}/state.pt", weights_only=True)["model"]) if rank == 0 else []
     if rank == 0:  # never reported, so nothing else removes it
@@ -564,18 +551,28 @@ def failing_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("loss function failed on purpose")
 
 
-def passthrough_loop(config: dict[str, Any]) -> dict[str, Any]:
-    """What the TorchTrainer arguments a RayOrmasTrainer passes through look like from a worker:
-    the rows of the `train` dataset (unsplit, by the dataset config); then a monitored step and a
-    checkpoint reported for validation."""
+def worker_view_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """What the trainer's arguments look like from a worker: the rows of the `train` dataset
+    (unsplit, by the dataset config); ray_ormas.epochs over a loader from
+    ray.train.torch.prepare_data_loader (a DistributedSampler with shuffle) at this rank's share
+    of the global batch, giving the first batch's samples of each epoch; then a monitored step
+    and a checkpoint reported for validation."""
     import tempfile
+
+    from torch.utils.data import DataLoader, TensorDataset
 
     ctx = ray.train.get_context()
     rows = sum(len(batch["x"]) for batch in ray.train.get_dataset_shard("train").iter_batches(batch_size=4))
     torch.manual_seed(0)
+    _, y, _, _ = load_digits(0)
+    data = TensorDataset(torch.arange(len(y)), y)
+    loader = ray.train.torch.prepare_data_loader(DataLoader(data, batch_size=ray_ormas.batch_size(), shuffle=True))
     model = ray_ormas.prepare_model(torch.nn.Linear(4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = ray_ormas.monitor(model, opt)
+    firsts = []
+    for _ in ray_ormas.epochs(loader, 3):
+        firsts.append(next(iter(loader))[0].tolist())
     loss = model(torch.randn(8, 4)).pow(2).mean()
     opt.zero_grad()
     loss.backward()
@@ -587,7 +584,7 @@ def passthrough_loop(config: dict[str, Any]) -> dict[str, Any]:
             torch.save(model.state_dict(), os.path.join(d, "model.pt"))
             checkpoint = ray.train.Checkpoint.from_directory(d)
         ray_ormas.report({"loss": float(loss.detach())}, checkpoint=checkpoint, validation=checkpoint is not None)
-    return {"rows": rows}
+    return {"rows": rows, "first_batches": firsts, "batch_size": ray_ormas.batch_size()}
 
 
 def validate_checkpoint(checkpoint: ray.train.Checkpoint) -> dict[str, float]:

@@ -18,6 +18,11 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   test (the page shows the attempts, ranks and alarms) and the fault-tolerance tests (a repair
   before the worker failure stays in the whole run's facts).
 
+* `worker_view_fit`: `worker_view_loop` on 2 workers with a global batch of 48, a Ray dataset
+  left unsplit by its `DataConfig`, and a `ValidationConfig`. Read by the trainer-arguments test
+  (the dataset and the validation reach the workers) and the strategies test (the epoch helper
+  reshuffles every epoch, the global batch is split).
+
 A test that only reads a fit never changes its run folder; the one test that adds to it (the
 rerun) adds a segment beside the first and checks the first is unchanged.
 """
@@ -28,11 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+from ray.train import (
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    ValidationConfig,
+)
 
-from ray_ormas import RayOrmasResult, RayOrmasTrainer
+from ray_ormas import BatchSize, RayOrmasResult, RayOrmasTrainer
 
-from .loops import digits_loop, resume_loop
+from .loops import digits_loop, resume_loop, validate_checkpoint, worker_view_loop
 
 
 @dataclass(frozen=True)
@@ -131,3 +144,22 @@ def killed_and_repaired_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactor
         run_config=RunConfig(name="paged", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
     ).fit()
     return SharedFit(storage, "paged", result=result)
+
+
+@pytest.fixture(scope="session")
+def worker_view_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit:
+    import ray.data
+
+    storage = tmp_path_factory.mktemp("worker-view-fit")
+    result = RayOrmasTrainer(
+        worker_view_loop,
+        verbose=False,
+        mlflow=False,
+        batch=BatchSize(48, per="global"),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="worker-view", storage_path=str(storage)),
+        datasets={"train": ray.data.from_items([{"x": i} for i in range(8)])},
+        dataset_config=DataConfig(datasets_to_split=[]),  # every worker sees all 8 rows
+        validation_config=ValidationConfig(fn=validate_checkpoint),
+    ).fit()
+    return SharedFit(storage, "worker-view", result=result)

@@ -14,8 +14,10 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
   --uploads 5` (docs/performance.md); a benchmark command runs once per set of options its parser
   makes of it, and a command whose rows a wider documented one prints (the same options, plus
   `--with-report` or a further `--attach` way) is checked by that run; two `ray-ormas train`
-  commands that resolve to the same config train once, and an install the README's demo command
-  began with is compared with it, not repeated. Each check is the line or
+  commands that resolve to the same config train once (also when one is a `ray job submit`'s
+  entrypoint: the job on the token-authenticated head runs it, and its run is checked for the
+  others, `checked_on` below), and an install the README's demo command began with is compared
+  with it, not repeated. Each check is the line or
   file the docs promise: the record a training names verifies, a dry run says the config is valid, ...
 * A command the text marks as needing what this machine lacks runs the closest thing that does
   (`closest_*` below): a Ray cluster is started here (`ray start --head`; on the
@@ -298,10 +300,56 @@ def head_fixture(command: DocCommand) -> str:
     return "ray_head_with_token" if "token" in (command.needs or "") else "ray_head"
 
 
+def block_training(command: DocCommand) -> str | None:
+    """The config that the `ray job submit ... -- ray-ormas train` of `command`'s block trains
+    (resolved, and shortened as it runs here), or None."""
+    for c in COMMANDS:
+        if command.block is not None and c.block == command.block and "-- ray-ormas train " in c.text:
+            return trained_config(shortened(c.text[c.text.index("ray-ormas train ") :]))
+    return None
+
+
+def checked_on(command: DocCommand) -> DocCommand:
+    """The cluster command whose run checks `command`. Two commands that train the same config
+    train once: a `ray-ormas train`, or a job on a head without a token, whose training the job
+    on the token-authenticated head runs word for word is checked on that job's run (the same
+    `ray-ormas train` process on a cluster's node; submitting through `RAY_ADDRESS` is still run,
+    by docs/cli.md's GAN job). Otherwise the command itself."""
+    how = plan(command)
+    key = trained_config(shortened(command.text)) if how == "train" else None
+    if how == "ray_cluster" and head_fixture(command) == "ray_head":
+        key = block_training(command)
+    if key is None:
+        return command
+    jobs = [c for c in COMMANDS if plan(c) == "ray_cluster" and head_fixture(c) == "ray_head_with_token"]
+    return next((job for job in jobs if "-- ray-ormas train " in job.text and block_training(job) == key), command)
+
+
+def head_of_the_run(command: DocCommand) -> str | None:
+    """The head that the run checking `command` runs on (a fixture's name), or None."""
+    target = checked_on(command)
+    return head_fixture(target) if plan(target) == "ray_cluster" else None
+
+
 def last_on_its_head(command: DocCommand) -> bool:
-    """Whether no later command of the docs runs on the same head."""
-    same = [c for c in COMMANDS if plan(c) == "ray_cluster" and head_fixture(c) == head_fixture(command)]
+    """Whether no later command of the docs is checked by a run on the same head."""
+    same = [c for c in COMMANDS if head_of_the_run(c) == head_of_the_run(command)]
     return command == same[-1]
+
+
+def run_on_its_head(clone: Clone, command: DocCommand, request: pytest.FixtureRequest) -> Ran:
+    """The run that checks `command`, on its head (once per block: later commands read it); the
+    token-authenticated job's own checks with the last command on that head, which then stops."""
+    target = checked_on(command)
+    head = request.getfixturevalue(head_fixture(target))
+    try:
+        ran = closest_on_a_ray_cluster(clone, target, head)
+        if head.token and last_on_its_head(command):
+            check_the_job_on_a_token_head(clone, head, ran)
+    finally:
+        if last_on_its_head(command):
+            head.stop()
+    return ran
 
 
 def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -> Ran:
@@ -641,7 +689,10 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
         )
         assert ran.code == 0, ran.out[-3000:]
     elif how == "train":
-        ran = run_here(clone, command)
+        if checked_on(command) is not command:  # a job of the docs runs this very training
+            ran = run_on_its_head(clone, command, request)
+        else:
+            ran = run_here(clone, command)
         if "--dry-run" in command.text:
             assert ran.code == 0 and "config is valid" in ran.out, ran.out[-3000:]
         else:
@@ -655,14 +706,7 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
             assert ran.out.strip(), "grep found nothing"
 
     elif how == "ray_cluster":
-        head = request.getfixturevalue(head_fixture(command))
-        try:
-            ran = closest_on_a_ray_cluster(clone, command, head)
-            if head.token and last_on_its_head(command):
-                check_the_job_on_a_token_head(clone, head, ran)
-        finally:
-            if last_on_its_head(command):
-                head.stop()
+        run_on_its_head(clone, command, request)
     elif how in CLOSEST:
         CLOSEST[how](clone, command)
     else:

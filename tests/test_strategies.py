@@ -45,18 +45,23 @@ def fit(storage: Path, name: str, loop, workers: int = 2, **kwargs):
 
 
 # ---------------------------------------------------------------- Ray: strategies end to end
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("fsdp_kwargs", [None, {"shard_modules": "encoder.layers.?"}], ids=["children", "layers"])
-def test_fsdp2_on_cpu_records_true_global_gradient_norms(storage, fsdp_kwargs):
-    result = fit(
-        storage,
+@pytest.fixture(scope="module", params=[None, {"shard_modules": "encoder.layers.?"}], ids=["children", "layers"])
+def fsdp_fit(request, ray_cluster, tmp_path_factory):
+    """One FSDP2 fit per way of sharding: the gradient norms probed, the loss exploding from step 9,
+    then the trained model's checkpoint round (tests/loops.py)."""
+    return fit(
+        tmp_path_factory.mktemp("fsdp"),
         "fsdp",
         loops.fsdp_transformer_loop,
         strategy="fsdp",
         monitor_config=MonitorConfig(check_every=1, warmup=3),
-        train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "fsdp_kwargs": fsdp_kwargs},
+        train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "fsdp_kwargs": request.param},
     )
+
+
+@pytest.mark.timeout(240)
+def test_fsdp2_on_cpu_records_true_global_gradient_norms(fsdp_fit):
+    result = fsdp_fit
     out = result.return_value
     assert out["dtensor_params"] and out["monitor_class"] == "ShardedGradientMonitor"
     record = result.ormas.record_dir
@@ -121,10 +126,14 @@ def test_gradient_accumulation_is_one_monitor_step_per_optimizer_step(storage, t
     assert result.ormas.final["ormas/effective_batch"] == 64
 
 
-@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.usefixtures("ray_cluster")  # local mode still starts Ray when none is running
 @pytest.mark.timeout(240)
 def test_mixed_precision_skipped_steps_are_not_alarms(storage):
-    result = fit(storage, "amp", loops.amp_loop, check_every=1, train_loop_config={"steps": 12, "overflow_at": 7})
+    # What the scaler skips is the same on every rank: Ray Train's local mode (the loop in this
+    # process, no worker group) is what it needs.
+    result = fit(
+        storage, "amp", loops.amp_loop, workers=0, check_every=1, train_loop_config={"steps": 12, "overflow_at": 7}
+    )
     assert result.return_value["dtypes"] == ["torch.bfloat16"]
     scales = result.return_value["scales"]
     assert scales[7] == scales[6] / 2  # the scaler skipped step 7
@@ -156,10 +165,9 @@ def test_a_gan_gets_one_monitor_and_one_record_per_model(storage):
     assert json.loads((Path(run.records["generator"]) / "segment.json").read_text())["monitor"] == "generator"
 
 
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(240)
-def test_epoch_helper_reshuffles_every_epoch_and_the_global_batch_is_split(storage):
-    result = fit(storage, "epochs", loops.epochs_loop, batch=BatchSize(48, per="global"))
+def test_epoch_helper_reshuffles_every_epoch_and_the_global_batch_is_split(worker_view_fit):
+    result = worker_view_fit.result  # a global batch of 48 on 2 workers (tests/shared_fits.py)
     out = result.return_value
     assert out["batch_size"] == 24 and all(len(b) == 24 for b in out["first_batches"])
     assert len({tuple(b) for b in out["first_batches"]}) == 3  # set_epoch: a new order each epoch
@@ -270,9 +278,8 @@ def test_epochs_says_once_per_rank_when_several_ranks_share_a_sampler_without_se
         )
 
 
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(240)
-def test_fsdp2_checkpoints_save_full_state_and_restore_identically_on_every_rank(storage):
-    out = fit(storage, "fsdp-ckpt", loops.fsdp_checkpoint_loop, strategy="fsdp").return_value
-    assert out["step"] == 4 and out["same_params"] and out["same_optimizer"] and out["same_after_training"]
+def test_fsdp2_checkpoints_save_full_state_and_restore_identically_on_every_rank(fsdp_fit):
+    out = fsdp_fit.return_value["checkpoint"]  # saved after the fit's 12 steps
+    assert out["step"] == 12 and out["same_params"] and out["same_optimizer"] and out["same_after_training"]
     assert out["saved_keys"] == ["embed.weight", "encoder.layers.0.linear1.bias", "encoder.layers.0.linear1.weight"]

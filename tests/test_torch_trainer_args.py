@@ -10,10 +10,9 @@ import subprocess
 import sys
 
 import pytest
-import ray.data
 from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
-from ray.train import DataConfig, RunConfig, ScalingConfig, ValidationConfig
+from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from ray_ormas import RayOrmasTrainer
@@ -30,20 +29,11 @@ def test_the_trainer_takes_every_torch_trainer_argument():
             assert ours[name].kind == parameter.kind and ours[name].default == parameter.default, name
 
 
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_the_dataset_config_and_the_validation_config_reach_the_workers(storage):
-    result = RayOrmasTrainer(
-        loops.passthrough_loop,
-        verbose=False,
-        mlflow=False,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="passthrough", storage_path=str(storage)),
-        datasets={"train": ray.data.from_items([{"x": i} for i in range(8)])},
-        dataset_config=DataConfig(datasets_to_split=[]),  # every worker sees all 8 rows
-        validation_config=ValidationConfig(fn=loops.validate_checkpoint),
-    ).fit()
-    assert result.return_value == {"rows": 8}
+def test_the_dataset_config_and_the_validation_config_reach_the_workers(worker_view_fit):
+    # 8 rows given, unsplit by DataConfig(datasets_to_split=[]); a ValidationConfig (tests/shared_fits.py)
+    result = worker_view_fit.result
+    assert result.return_value["rows"] == 8
     [(checkpoint, metrics)] = result.best_checkpoints
     assert metrics["validated_params"] == 10.0 and "ormas" in checkpoint.get_metadata()
     assert verify_run(result.ormas.record_dir).ok
