@@ -33,8 +33,7 @@ def train_loop(config: dict) -> dict:
     loader = ray.train.torch.prepare_data_loader(
         DataLoader(TensorDataset(x_train, y_train), batch_size=32, shuffle=True)
     )
-    for epoch in range(config["epochs"]):
-        loader.sampler.set_epoch(epoch)
+    for epoch in ray_ormas.epochs(loader, config["epochs"]):  # set_epoch each epoch, at any number of workers
         model.train()
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)

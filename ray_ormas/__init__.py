@@ -29,8 +29,8 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 _WHERE = {
     # driver: the trainer and what fit() returns
-    "OrmasRun": "_internal.driver.trainer",
-    "RayOrmasResult": "_internal.driver.trainer",
+    "OrmasRun": "_internal.driver.result",
+    "RayOrmasResult": "_internal.driver.result",
     "RayOrmasTrainer": "_internal.driver.trainer",
     # settings, validated on the driver and shipped to every rank
     "BatchSize": "_internal.common.settings",
@@ -60,12 +60,16 @@ _WHERE = {
 
 __all__ = [
     "BatchSize",
+    "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "FleetSettings",
     "FleetSummary",
     "MLflowSettings",
+    "MissingExtraError",
     "MonitorSettings",
     "OptionError",
+    "OptionTypeError",
     "OrmasCompatError",
     "OrmasRun",
     "RankMismatchError",
@@ -80,6 +84,7 @@ __all__ = [
     "Segment",
     "StoragePathError",
     "TrainState",
+    "UsageError",
     "WorkerMonitor",
     "batch_size",
     "epochs",
@@ -111,7 +116,8 @@ if TYPE_CHECKING:
     from ray_ormas._internal.common.fleet_settings import FleetSettings
     from ray_ormas._internal.common.mlflow_settings import MLflowSettings
     from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
-    from ray_ormas._internal.driver.trainer import OrmasRun, RayOrmasResult, RayOrmasTrainer
+    from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
+    from ray_ormas._internal.driver.trainer import RayOrmasTrainer
     from ray_ormas._internal.record.fleet_record import FleetSummary
     from ray_ormas._internal.record.reader import RunRecords, Segment, open_records
     from ray_ormas._internal.record.store import RecordStore
@@ -120,8 +126,12 @@ if TYPE_CHECKING:
     from ray_ormas._internal.worker.monitor import WorkerMonitor
     from ray_ormas._internal.worker.strategies import epochs, no_sync
     from ray_ormas.errors import (
+        CheckpointError,
+        CheckpointNotFoundError,
         ConfigError,
+        MissingExtraError,
         OptionError,
+        OptionTypeError,
         OrmasCompatError,
         RankMismatchError,
         RankSyncTimeoutError,
@@ -129,4 +139,5 @@ if TYPE_CHECKING:
         RaySeamChanged,
         RecordStorageError,
         StoragePathError,
+        UsageError,
     )

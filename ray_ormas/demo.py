@@ -173,6 +173,7 @@ class ArmResult:
     stuck_channels: int
     report: Path | None
     seconds: float
+    run_page: str | None = None  # the run on one page (run.html at the record's root)
 
 
 def run(
@@ -235,6 +236,7 @@ def run(
                 stuck_channels=final.get("ormas/stuck_channels", 0),
                 report=result.ormas.report,
                 seconds=time.time() - t,
+                run_page=result.ormas.run_page,
             )
         )
         logger.info("    test accuracy %.1f%% (%.0f s)", results[-1].accuracy, results[-1].seconds)
@@ -262,6 +264,9 @@ def print_table(results: list[ArmResult]) -> None:
             f"{r.arm:<8} {r.accuracy:>8.1f}% {r.channels_repaired:>9} {r.certificates:>8} {r.alarms:>7} "
             f"{r.stuck_channels:>10}"
         )
-    print("\nreports (open in a browser; `ormas-monitor verify <folder>` checks a record):")
+    print("\neach run on one page, to open first (attempts, metrics, the fleet, alarms):")
+    for r in results:
+        print(f"  {r.arm:<8} {r.run_page}")
+    print("\nreports per segment (open in a browser; `ormas-monitor verify <folder>` checks a record):")
     for r in results:
         print(f"  {r.arm:<8} {r.report}")

@@ -1,6 +1,7 @@
 """Every error ray-ormas raises that a user can meet, under one base, `RayOrmasError`.
 
-Each also subclasses the builtin it always was (`ValueError`, `RuntimeError`, `TimeoutError`), so
+Each also subclasses the builtin it always was (`ValueError`, `TypeError`, `RuntimeError`,
+`TimeoutError`, `FileNotFoundError`, `ImportError`), so
 an `except ValueError:` written before the base existed still catches it. Bad input is refused on
 the driver, before any worker starts, wherever it can be known there.
 
@@ -13,8 +14,12 @@ the driver, before any worker starts, wherever it can be known there.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
+    "MissingExtraError",
     "OptionError",
+    "OptionTypeError",
     "OrmasCompatError",
     "RankMismatchError",
     "RankSyncTimeoutError",
@@ -22,6 +27,7 @@ __all__ = [
     "RaySeamChanged",
     "RecordStorageError",
     "StoragePathError",
+    "UsageError",
 ]
 
 
@@ -31,6 +37,28 @@ class RayOrmasError(Exception):
 
 class OptionError(RayOrmasError, ValueError):
     """Options that cannot be used; each problem (separated by "; ") names its option."""
+
+
+class OptionTypeError(RayOrmasError, TypeError):
+    """An option or argument of the wrong type; the message names it and what it takes."""
+
+
+class UsageError(RayOrmasError, RuntimeError):
+    """A ray-ormas call or hook that cannot work where it is used (outside a RayOrmasTrainer loop,
+    a framework hook that is missing or changed); the message says what to do instead."""
+
+
+class CheckpointError(RayOrmasError, ValueError):
+    """A checkpoint that cannot be loaded as asked (no optimizer state to load, ...)."""
+
+
+class CheckpointNotFoundError(RayOrmasError, FileNotFoundError):
+    """A checkpoint without the state `ray_ormas.save_checkpoint` writes."""
+
+
+class MissingExtraError(RayOrmasError, ImportError):
+    """A framework that what was asked needs is not installed; the message names the extra
+    (`pip install 'ray-ormas[lightning]'`, `'ray-ormas[transformers]'`)."""
 
 
 class ConfigError(RayOrmasError, ValueError):

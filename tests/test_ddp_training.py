@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 from ray.train import Result, RunConfig, ScalingConfig, TrainingFailedError
 
-from ray_ormas import RankMismatchError, RankSyncTimeoutError, RayOrmasTrainer
+from ray_ormas import OptionError, RankMismatchError, RankSyncTimeoutError, RayOrmasTrainer
 
 from .loops import digits_loop, report_count_loop
 
@@ -180,7 +180,7 @@ def test_repair_without_the_optimizer_is_a_clear_error(storage):
     with pytest.raises(ValueError) as info:
         t.fit()
     error = info.value
-    assert type(error) is ValueError and "call ray_ormas.monitor(model, optimizer)" in str(error)
+    assert type(error) is OptionError and "call ray_ormas.monitor(model, optimizer)" in str(error)  # a ValueError
 
 
 @pytest.mark.timeout(180)

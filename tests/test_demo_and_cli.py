@@ -12,6 +12,7 @@ from ormas_monitor.record import verify_run
 
 ARM_ROW = re.compile(r"^(healthy|watch|repair)\s+([\d.]+)%\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", re.M)
 REPORT_ROW = re.compile(r"^  (healthy|watch|repair)\s+(\S+report\.html)$", re.M)
+PAGE_ROW = re.compile(r"^  (healthy|watch|repair)\s+(\S+run\.html)$", re.M)
 
 
 @pytest.mark.timeout(1800)
@@ -35,6 +36,14 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(clone):
     for report in reports.values():
         path = clone.root / report if not report.startswith("/") else Path(report)
         assert path.is_file() and verify_run(path.parent).ok, path
+    # Each run's page, named before the per-segment reports: the page a person opens first.
+    pages = dict(PAGE_ROW.findall(out))
+    assert sorted(pages) == ["healthy", "repair", "watch"] and out.index("each run on one page") < out.index(
+        "reports per segment"
+    )
+    for arm, page in pages.items():
+        path = clone.root / page if not page.startswith("/") else Path(page)
+        assert path.is_file() and path.parent.parent.name == f"digits-{arm}", path
     # One MLflow store and experiment for the three arms, and the command that opens it.
     store = clone.root / "ray_ormas_demo" / "mlflow.db"
     assert "mlflow ui --backend-store-uri sqlite:///ray_ormas_demo/mlflow.db" in out

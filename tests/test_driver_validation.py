@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,46 @@ def test_valid_trainer_builds_settings_without_starting_ray(tmp_path):
     assert t.settings.layers == ("conv*",)
     assert t.store.root == str(tmp_path / "somewhere" / "x" / "ormas") and t.store.is_local
     assert list(tmp_path.iterdir()) == []  # the storage check leaves no trace
+
+
+def test_the_monitors_settings_as_one_object_are_the_flat_keywords_settings(tmp_path):
+    storage = RunConfig(name="x", storage_path=str(tmp_path))
+    flat = RayOrmasTrainer(
+        loop,
+        repair=True,
+        check_every=7,
+        layers="conv*",
+        report_every=3,
+        monitor_config=MonitorConfig(patience=2),
+        run_config=storage,
+    )
+    settings = MonitorSettings(
+        repair=True, check_every=7, layers=("conv*",), report_every=3, thresholds={"patience": 2}
+    )
+    assert RayOrmasTrainer(loop, monitor=settings, run_config=storage).settings == flat.settings
+    # repair= and check_every= are shortcuts beside it, for a field it leaves at its default.
+    shortcut = RayOrmasTrainer(loop, monitor=MonitorSettings(layers=("conv*",)), repair="all", check_every=5)
+    assert (shortcut.settings.repair, shortcut.settings.check_every, shortcut.settings.layers) == ("all", 5, ("conv*",))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"monitor": MonitorSettings(repair=True), "repair": "all"}, "repair: given twice, as repair='all' and in"),
+        ({"monitor": MonitorSettings(check_every=7), "check_every": 3}, "check_every: given twice"),
+        ({"monitor": MonitorSettings(), "layers": "conv*"}, "layers: with monitor=MonitorSettings(...), set layers"),
+        ({"monitor": MonitorSettings(), "monitor_config": MonitorConfig(patience=2)}, "set thresholds and check_every"),
+        ({"monitor": MonitorSettings(), "verbose": False, "report_every": 2}, "verbose: with monitor="),
+    ],
+)
+def test_a_monitor_field_given_both_ways_is_an_error_naming_it(kwargs, words):
+    with pytest.raises(ray_ormas.OptionError, match=re.escape(words)):
+        RayOrmasTrainer(loop, **kwargs)
+
+
+def test_monitor_must_be_a_monitor_settings():
+    with pytest.raises(TypeError, match=r"monitor must be a ray_ormas.MonitorSettings"):
+        RayOrmasTrainer(loop, monitor={"repair": True})
 
 
 @pytest.mark.timeout(120)

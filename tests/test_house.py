@@ -6,6 +6,8 @@ worker's imports load, the public surface and its errors.
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import re
 import subprocess
 import sys
@@ -90,6 +92,11 @@ def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
         "OrmasCompatError": RuntimeError,
         "RankSyncTimeoutError": TimeoutError,
         "RaySeamChanged": RuntimeError,
+        "OptionTypeError": TypeError,
+        "UsageError": RuntimeError,
+        "CheckpointError": ValueError,
+        "CheckpointNotFoundError": FileNotFoundError,
+        "MissingExtraError": ImportError,
     }
     assert set(classes) == {*builtins, "RayOrmasError"}
     for name, builtin in builtins.items():
@@ -105,6 +112,43 @@ def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
                 assert not bases & {"Exception", "ValueError", "RuntimeError", "TimeoutError"}, (
                     f"{path}: {node.name} is an error outside ray_ormas/errors.py"
                 )
+
+
+# Where the package may raise a plain builtin: invariants no user input can reach, each with why.
+PLAIN_RAISES_ALLOWED = {
+    ("ray_ormas/_internal/worker/plan.py", "RuntimeError"): "Ray started a size outside the range the driver "
+    "split the batch for: a bug in ray-ormas or Ray, said so",
+    ("ray_ormas/__init__.py", "AttributeError"): "a module's __getattr__ (PEP 562) must raise AttributeError: "
+    "what `hasattr` and `from ray_ormas import name` expect",
+    ("ray_ormas/_internal/worker/supervised_loop.py", "ValueError"): "the CLI runs the built-in loop only with "
+    "the config's model and data sections, which its schema requires",
+}
+BUILTIN_ERRORS = {
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)
+}
+
+
+def test_every_error_a_user_can_meet_is_a_ray_ormas_error():
+    """No `raise ValueError(...)` (or any builtin) in the package, except in a pydantic validator
+    (pydantic wraps what it raises into its ValidationError, which names the field) and the
+    invariants allowed above; an error re-raised as it came (`raise`, `raise e`) is the user's own."""
+    found = []
+    for path in sorted((ROOT / "ray_ormas").rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        in_validators = {
+            id(node)
+            for function in ast.walk(tree)
+            if isinstance(function, ast.FunctionDef)
+            and any("validator" in ast.unparse(d) for d in function.decorator_list)
+            for node in ast.walk(function)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and id(node) not in in_validators:
+                name = ast.unparse(node.exc.func)
+                if name in BUILTIN_ERRORS and (relative, name) not in PLAIN_RAISES_ALLOWED:
+                    found.append(f"{relative}:{node.lineno}: raise {name}(...)")
+    assert not found, "plain builtins a user can meet (raise a ray_ormas.errors class):\n" + "\n".join(found)
 
 
 def test_the_public_names_resolve_and_are_all_listed():
@@ -192,3 +236,107 @@ def test_the_fit_counter_counts_each_cluster_and_fit_once_and_credits_the_test_r
     assert dict(counter.clusters) == {"tests/test_a.py::test_one": 1, "tests/test_b.py::test_two": 2}
     assert counter.by_file(counter.fits) == {"tests/test_a.py": 3, "tests/test_b.py": 2}
     assert session_folders(tmp_path / "removed-meanwhile") == set()  # a scan never raises
+
+
+# ---------------------------------------------------------------- every name the text gives
+DOTTED = re.compile(r"\bray_ormas(?:\.[A-Za-z_]\w*)+")
+
+
+def dotted_names_in_the_text() -> dict[str, str]:
+    """Every dotted `ray_ormas.*` name that README.md, docs/, examples/ and the package's own
+    strings (messages, docstrings, reprs) give, with the first place that gives it."""
+    found: dict[str, str] = {}
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts += sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in (".py", ".yaml", ".md"))
+    for path in texts:
+        for name in DOTTED.findall(path.read_text()):
+            found.setdefault(name, str(path.relative_to(ROOT)))
+    for path in sorted((ROOT / "ray_ormas").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for name in DOTTED.findall(node.value):
+                    found.setdefault(name, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def names_that_are_not_python() -> set[str]:
+    """The dotted strings that name something else, read from where that thing is defined: the
+    package's loggers (`get_logger("ray_ormas....")`, `logging.getLogger`) and the MLflow tags docs/mlflow.md lists
+    (each also written by the package's tracking code)."""
+    loggers = set()
+    for path in (ROOT / "ray_ormas").rglob("*.py"):
+        loggers |= set(re.findall(r"(?:get_logger|getLogger)\(\"(ray_ormas[\w.]*)\"\)", path.read_text()))
+    (row,) = [line for line in (ROOT / "docs" / "mlflow.md").read_text().splitlines() if line.startswith("| Tags |")]
+    tags = set(DOTTED.findall(row))
+    tracking = "".join(p.read_text() for p in (ROOT / "ray_ormas" / "_internal").rglob("*.py"))
+    assert tags and all(f'"{tag}"' in tracking for tag in tags), tags
+    return loggers | tags
+
+
+def resolve(dotted: str) -> object:
+    """The module or attribute a dotted name gives: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        module = ".".join(parts[:i])
+        try:
+            obj: object = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # the module exists, and something it imports does not
+                raise
+            continue
+        for attribute in parts[i:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_dotted_name_the_docs_examples_and_messages_give_resolves():
+    skip = names_that_are_not_python()
+    unresolved = []
+    for name, where in sorted(dotted_names_in_the_text().items()):
+        if name in skip:
+            continue
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as e:
+            unresolved.append(f"{name} ({where}): {type(e).__name__}: {e}")
+    assert not unresolved, "names the text gives that do not exist:\n" + "\n".join(unresolved)
+
+
+@pytest.mark.parametrize(
+    "module, frameworks, extra",
+    [
+        ("ray_ormas.lightning", ["lightning", "pytorch_lightning"], "lightning"),
+        ("ray_ormas.transformers", ["transformers"], "transformers"),
+    ],
+)
+def test_the_framework_modules_without_their_framework_say_what_to_install(module, frameworks, extra):
+    # The framework made unimportable in a fresh interpreter (a None in sys.modules fails its import).
+    code = f"import sys; sys.modules.update(dict.fromkeys({frameworks!r}))\nimport {module}"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "MissingExtraError" in done.stderr, done.stderr[-2000:]  # an ImportError
+    assert f"{module} needs" in done.stderr and f"pip install 'ray-ormas[{extra}]'" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_declared_floors_of_ray_and_ormas_monitor_are_what_ci_installs():
+    import tomllib
+    from packaging.version import Version
+
+    from ray_ormas._internal.seams.ray_train import TESTED
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = {re.match(r"[\w-]+", d).group(0): Version(re.search(r">=([\w.]+)", d).group(1)) for d in declared}
+    pins = dict(re.findall(r"^([\w-]+)==([\w.]+)$", (ROOT / "constraints" / "ci.txt").read_text(), re.M))
+    for package in ("ray", "ormas-monitor"):
+        assert floors[package] == Version(pins[package]), (package, floors[package], pins[package])
+    assert TESTED == f"ray=={pins['ray']}"
+
+
+def test_docs_api_md_is_the_generated_api_reference():
+    from tests.api_reference import SECTIONS, public_names, render
+
+    listed = [name for _, _, names in SECTIONS for name in names]
+    assert sorted(listed) == sorted(public_names()), "a public name is in no section of tests/api_reference.py"
+    assert (ROOT / "docs" / "api.md").read_text() == render(), (
+        "docs/api.md is out of date: python -m tests.api_reference > docs/api.md"
+    )

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -234,6 +235,23 @@ def test_bad_mlflow_settings_fail_on_the_driver(tmp_path, monkeypatch):
             mlflow=MLflowSettings(tracking_uri="sqlite:///c.db", run_id="0" * 32),
             run_config=RunConfig(name="c", storage_path=str(tmp_path)),
         )
+
+
+def test_a_run_id_the_tracker_cannot_be_asked_about_is_named_in_one_warning(tmp_path, monkeypatch, caplog):
+    # Not "does not exist" (refused there), but no answer at all: a port nothing listens on.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    caplog.set_level(logging.WARNING, logger="ray_ormas")
+    RayOrmasTrainer(
+        digits_loop,
+        mlflow=MLflowSettings(tracking_uri=uri, run_id="0" * 32),
+        run_config=RunConfig(name="c", storage_path=str(tmp_path)),
+    )
+    [said] = [r.getMessage() for r in caplog.records if "could not check" in r.getMessage()]
+    assert uri in said and repr("0" * 32) in said and "training goes on" in said, said
 
 
 INTERRUPTED_DRIVER = textwrap.dedent("""

@@ -81,3 +81,21 @@ def test_a_large_fleets_picture_stays_bounded_and_keeps_every_alarmed_rank():
     assert picture.count("<rect ") == MAX_RANKS * MAX_COLUMNS  # 2000 checks, 10 a column
     assert f"({MAX_RANKS} of 200 ranks: those with alarms, then the lowest scores) (10 checks a column" in picture
     assert picture.count("class='alarm-marker'") == 1 and len(picture) < 1_200_000
+
+
+@pytest.mark.parametrize(
+    "values, axis",
+    [([1.4e-4, 0.02, 1.0], "log"), ([2.31, 2.30, 2.29], "linear"), ([-12345.6, 0.5], "linear"), ([0.0, 3.0], "linear")],
+)
+def test_a_charts_value_labels_are_whole_and_a_loss_over_decades_gets_a_log_axis(values, axis):
+    import re
+
+    from ray_ormas._internal.driver.run_page import TICK_CHAR_PX, _chart
+
+    html = _chart("loss (model)", [(10 * i, v) for i, v in enumerate(values)], [], 10 * len(values))
+    assert f"data-axis='{axis}'" in html and ("log axis" in html) == (axis == "log")
+    labels = re.findall(r"<text class='tick' x='([\d.]+)' y='[\d.]+' text-anchor='end'>([^<]+)</text>", html)
+    shown = {text for _, text in labels}
+    assert {f"{max(values):.3g}", f"{min(values):.3g}"} <= shown, shown
+    for x, text in labels:  # right-aligned at x: the whole label lies right of the figure's edge
+        assert float(x) - TICK_CHAR_PX * len(text) >= 0, (x, text)

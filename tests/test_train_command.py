@@ -310,6 +310,9 @@ def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
     )
     assert "nothing was left to train" in said
     assert "the whole run: 2 segments" in again
+    # Its fleet part says in one line that this fit had nothing to compare, never an empty table.
+    (fleet_line,) = [line for line in again.splitlines() if line.startswith("fleet:")]
+    assert fleet_line.startswith("fleet: nothing in this fit") and fleet_line.endswith(str(run_dir / "ormas" / "fleet"))
     assert "conv2.0       0         32        32             0  repaired" in again
     for name in ("digits-watch", "digits-repair"):
         record = tmp_path / name / "ormas" / "model" / "segment-000"

@@ -94,7 +94,12 @@ def render(
             )
         out.append(f"  record: {store.shown(segment)}")
         out.append(f"  report: {store.shown(posixpath.join(segment, 'report.html'))}")
-    if fleet is not None:
+    if fleet is not None and not (fleet.ranks or fleet.alarms or fleet.resizes or fleet.checks):  # trained nothing
+        out.append(
+            f"fleet: nothing in this fit (no rank reached a check); the run's fleet records, one folder per "
+            f"fit: {posixpath.dirname(fleet.record.rstrip('/'))}"
+        )
+    elif fleet is not None:
         out.append(f"fleet: {len(fleet.ranks)} ranks, {fleet.checks} checks, {len(fleet.alarms)} alarms")
         out.append(fleet.table())
         for a in fleet.resizes:  # an elastic fit's: events, not alarms

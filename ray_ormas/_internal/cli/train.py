@@ -141,7 +141,6 @@ def build_trainer(job: JobConfig) -> Any:
     from ray_ormas._internal.driver.trainer import RayOrmasTrainer
     from ray_ormas._internal.worker.supervised_loop import supervised_loop
 
-    m = job.monitor
     loop = load_target(job.loop.target) if job.loop is not None else supervised_loop
     # The config's sections are the API's own settings classes (common/options.py); an untouched
     # `fleet:` stays the default, which is off by itself with one worker.
@@ -165,15 +164,7 @@ def build_trainer(job: JobConfig) -> Any:
     return RayOrmasTrainer(
         loop,
         train_loop_config=job.model_dump(mode="json"),
-        repair=m.repair,
-        monitor_config=m.config,
-        layers=m.layers,
-        verbose=m.verbose,
-        progress=m.progress,
-        ray_report_lines=m.ray_report_lines,
-        report_every=m.report_every,
-        sync_timeout_s=m.sync_timeout_s,
-        auto_monitor=m.auto_monitor,
+        monitor=job.monitor,  # the YAML's monitor: section is a MonitorSettings
         record_dir=job.storage.record_dir,
         strategy=job.strategy,
         sync_batchnorm=job.sync_batchnorm,

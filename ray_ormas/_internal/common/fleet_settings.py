@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
 from ray_ormas._internal.common.options import SETTINGS_CONFIG
+from ray_ormas.errors import OptionError
 
 HangDetector = Literal["off", "observe", "fail"]
 HANG_DETECTOR_ENV = "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR"
@@ -96,7 +97,7 @@ class FleetSettings:
         if value is False:
             return "off"
         if value is True:
-            raise ValueError("`on` is not a mode: use 'observe' (log a hang) or 'fail' (end the group)")
+            raise OptionError("`on` is not a mode: use 'observe' (log a hang) or 'fail' (end the group)")
         return value
 
     def to_dict(self) -> dict[str, Any]:

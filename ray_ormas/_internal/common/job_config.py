@@ -49,7 +49,7 @@ from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.common.options import describe_errors
 from ray_ormas._internal.common.scaling import elastic_range
 from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
-from ray_ormas.errors import ConfigError
+from ray_ormas.errors import ConfigError, OptionError
 
 TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -64,15 +64,15 @@ def load_target(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(
+        raise ConfigError(
             f"cannot import module {module_name!r} ({e}); run from the folder that contains it, or install it"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"{target} is a {type(obj).__name__}, not a function or class")
+        raise ConfigError(f"{target} is a {type(obj).__name__}, not a function or class")
     return obj
 
 
@@ -86,7 +86,7 @@ class Factory(Section):
     @classmethod
     def _importable(cls, value: str) -> str:
         if not TARGET.match(value):
-            raise ValueError(f"expected 'module:function', got {value!r}")
+            raise OptionError(f"expected 'module:function', got {value!r}")
         load_target(value)
         return value
 
@@ -106,7 +106,7 @@ class OptimizerSection(Section):
 
         found = getattr(torch.optim, value, None)
         if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
-            raise ValueError(f"torch.optim has no optimizer {value!r}; e.g. AdamW, SGD, Adam")
+            raise OptionError(f"torch.optim has no optimizer {value!r}; e.g. AdamW, SGD, Adam")
         return value
 
 
@@ -136,7 +136,7 @@ class TrainSection(Section):
         import torch.nn.functional as F
 
         if not callable(getattr(F, value, None)):
-            raise ValueError(
+            raise OptionError(
                 f"torch.nn.functional has no {value!r}; use e.g. cross_entropy, mse_loss, or 'module:function'"
             )
         return value
@@ -160,9 +160,9 @@ class ScalingSection(Section):
             elastic_range(value)  # raises, saying what to give
             return list(value)
         if isinstance(value, bool):
-            raise ValueError(f"give a number of workers (got {value}), or [min, max] for an elastic fit")
+            raise OptionError(f"give a number of workers (got {value}), or [min, max] for an elastic fit")
         if isinstance(value, int) and value < 1:
-            raise ValueError(f"give 1 or more workers (got {value}), or [min, max] for an elastic fit")
+            raise OptionError(f"give 1 or more workers (got {value}), or [min, max] for an elastic fit")
         return value
 
     @property

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from ray_ormas._internal.common.options import SETTINGS_CONFIG
+from ray_ormas.errors import OptionError
 
 DEFAULT_EXPERIMENT = "ray-ormas"
 DEFAULT_MAX_PENDING = 100_000  # metric values held while the tracker is down (about 20 MB)
@@ -80,7 +81,7 @@ class MLflowSettings:
     @classmethod
     def _no_credentials(cls, value: str | None) -> str | None:
         if value is not None and USERINFO.search(value):
-            raise ValueError(
+            raise OptionError(
                 "the tracking URI must not carry credentials (user:password@); set "
                 "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the "
                 "driver's environment instead"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray_ormas.errors import OptionError
+
 
 def elastic_range(num_workers: Any, option: str = "") -> tuple[int, int] | None:
     """(min, max) when `num_workers` asks for an elastic fit, None for a fixed count; a bad range
@@ -21,18 +23,18 @@ def elastic_range(num_workers: Any, option: str = "") -> tuple[int, int] | None:
     if not isinstance(num_workers, (tuple, list)):
         return None
     if len(num_workers) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in num_workers):
-        raise ValueError(
+        raise OptionError(
             f"{where}an elastic range is two whole numbers [min, max] with 1 <= min <= max, got "
             f"{list(num_workers)!r}; or give one number for a fixed count of workers"
         )
     low, high = num_workers
     if low < 1:
-        raise ValueError(
+        raise OptionError(
             f"{where}the elastic range [{low}, {high}] starts below 1 worker; an elastic fit needs at "
             f"least one worker in every attempt (rank 0 keeps the record). Give [1, {max(high, 1)}] or more"
         )
     if low > high:
-        raise ValueError(
+        raise OptionError(
             f"{where}the elastic range [{low}, {high}] has its minimum above its maximum; give [{high}, {low}]"
         )
     return low, high

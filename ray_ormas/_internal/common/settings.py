@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
 from ray_ormas._internal.common.options import SETTINGS_CONFIG, build
+from ray_ormas.errors import OptionError, OptionTypeError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 RepairMode = bool | Literal["all"]
@@ -35,7 +36,7 @@ DEFAULT_CHECK_EVERY = MonitorConfig().check_every
 def check_strategy(strategy: Any) -> str:
     """`strategy` if it is one ray-ormas supports, else a ValueError that lists them."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
+        raise OptionError(f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
     return strategy
 
 
@@ -105,7 +106,7 @@ class MonitorSettings:
     def _repair_mode(cls, value: Any) -> RepairMode:
         if value is True or value is False or value == "all":
             return value
-        raise ValueError(
+        raise OptionError(
             f"repair must be False (watch only), True (repair certified, constant and decayed "
             f"channels) or 'all', got {value!r}"
         )
@@ -114,18 +115,18 @@ class MonitorSettings:
     @classmethod
     def _patterns(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is not None and not all(value):
-            raise ValueError(f"layers must be fnmatch patterns such as 'conv*', got {list(value)!r}")
+            raise OptionError(f"layers must be fnmatch patterns such as 'conv*', got {list(value)!r}")
         return value
 
     @field_validator("thresholds")
     @classmethod
     def _thresholds(cls, value: dict[str, Any]) -> dict[str, Any]:
         if "check_every" in value:
-            raise ValueError("set check_every itself, not thresholds.check_every")
+            raise OptionError("set check_every itself, not thresholds.check_every")
         try:
             MonitorConfig(**value)
         except TypeError as e:
-            raise ValueError(f"{e}; the fields are {sorted(MonitorConfig().to_dict())}") from None
+            raise OptionError(f"{e}; the fields are {sorted(MonitorConfig().to_dict())}") from None
         return value
 
     @property
@@ -151,7 +152,7 @@ class MonitorSettings:
         """Settings from the trainer's keyword options: `monitor_config` gives the thresholds,
         `check_every` overrides its interval; an error is an `OptionError` naming the option."""
         if monitor_config is not None and not isinstance(monitor_config, MonitorConfig):
-            raise TypeError(
+            raise OptionTypeError(
                 f"monitor_config must be an ormas_monitor.MonitorConfig, got "
                 f"{type(monitor_config).__name__}; build one with MonitorConfig(check_every=..., ...)"
             )
@@ -178,6 +179,25 @@ class MonitorSettings:
             sync_timeout_s=sync_timeout_s,
             auto_monitor=auto_monitor,
         )
+
+    def with_shortcuts(self, *, repair: RepairMode = False, check_every: int | None = None) -> MonitorSettings:
+        """These settings with the trainer's `repair=` / `check_every=` shortcuts: a shortcut sets a
+        field these settings leave at its default; a field set both ways is an `OptionError`."""
+        changes: dict[str, Any] = {}
+        problems = []
+        defaults = MonitorSettings()
+        for name, value, unset in (("repair", repair, False), ("check_every", check_every, None)):
+            if value is unset or value == unset:
+                continue
+            if getattr(self, name) != getattr(defaults, name):
+                problems.append(
+                    f"{name}: given twice, as {name}={value!r} and in MonitorSettings({name}="
+                    f"{getattr(self, name)!r}); give it in one place"
+                )
+            changes[name] = value
+        if problems:
+            raise OptionError("; ".join(problems))
+        return dataclasses.replace(self, **changes) if changes else self
 
     def monitor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `ormas_monitor.Monitor`, identical on every rank."""
@@ -232,7 +252,7 @@ class BatchSize:
         parts = world_size * self.accumulation
         if self.size % parts:
             lower, upper = self.size // parts * parts, -(-self.size // parts) * parts
-            raise ValueError(
+            raise OptionError(
                 f"a global batch of {self.size} does not split evenly over {world_size} workers x "
                 f"{self.accumulation} accumulation steps ({parts} micro-batches per optimizer step): "
                 f"use a multiple of {parts}, e.g. {lower or parts} or {upper}, or change the number "
@@ -266,7 +286,7 @@ class BatchSize:
             return {w: self.to_dict(w) for w in sizes}
         even = [w for w in sizes if self.size % (w * self.accumulation) == 0]
         if not even:
-            raise ValueError(
+            raise OptionError(
                 f"a global batch of {self.size} ({self.accumulation} accumulation step(s)) splits "
                 f"evenly at no world size of {option} = [{min_workers}, {max_workers}]: every attempt "
                 f"would train on a smaller batch than asked. Use a global batch that some size in the "
@@ -275,7 +295,7 @@ class BatchSize:
             )
         too_many = [w for w in sizes if self.size // (w * self.accumulation) == 0]
         if too_many:
-            raise ValueError(
+            raise OptionError(
                 f"a global batch of {self.size} ({self.accumulation} accumulation step(s)) gives no "
                 f"sample to each rank at {too_many[0]} workers, which {option} = [{min_workers}, "
                 f"{max_workers}] allows: lower the maximum to {too_many[0] - 1}, or raise the batch"

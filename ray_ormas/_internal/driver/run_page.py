@@ -232,17 +232,30 @@ def _metrics_section(
     )
 
 
+TICK_CHAR_PX = 6.2  # the width of a character of a tick label (.tick: 10px system-ui), a little over
+
+
 def _chart(name: str, points: list[tuple[int, float]], bounds: list[int], end: int) -> str:
-    width, height, pad = 520, 150, 34
+    """One metric on the run's step axis. The left margin fits the value labels whole, and a
+    positive series spanning two decades or more gets a log axis (the caption says so)."""
+    width, height, bottom = 520, 150, 34
     finite = [(s, v) for s, v in points if math.isfinite(v)]
     lo, hi = (min(v for _, v in finite), max(v for _, v in finite)) if finite else (0.0, 1.0)
+    log = lo > 0 and hi / lo >= 100
     hi = hi if hi > lo else lo + 1.0
+    top_label, bottom_label = f"{hi:.3g}", f"{lo:.3g}"
+    pad = max(bottom, 10 + math.ceil(TICK_CHAR_PX * max(len(top_label), len(bottom_label))))
+
+    def fraction_below_top(value: float) -> float:
+        if log:
+            return (math.log10(hi) - math.log10(value)) / (math.log10(hi) - math.log10(lo))
+        return (hi - value) / (hi - lo)
 
     def xy(step: int, value: float) -> tuple[float, float]:
-        return pad + step / max(end, 1) * (width - pad - 8), 10 + (hi - value) / (hi - lo) * (height - pad - 10)
+        return pad + step / max(end, 1) * (width - pad - 8), 10 + fraction_below_top(value) * (height - bottom - 10)
 
     parts = [
-        f"<line class='bound' x1='{xy(b, lo)[0]:.1f}' x2='{xy(b, lo)[0]:.1f}' y1='6' y2='{height - pad}'/>"
+        f"<line class='bound' x1='{xy(b, lo)[0]:.1f}' x2='{xy(b, lo)[0]:.1f}' y1='6' y2='{height - bottom}'/>"
         for b in bounds
     ]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in finite))
@@ -257,14 +270,16 @@ def _chart(name: str, points: list[tuple[int, float]], bounds: list[int], end: i
             x = xy(s, lo)[0]
             parts.append(f"<text class='nonfinite' x='{x:.1f}' y='18'>{_e(str(v))}<title>step {s}: {v}</title></text>")
     parts.append(
-        f"<text class='tick' x='{pad - 4}' y='14' text-anchor='end'>{hi:.3g}</text>"
-        f"<text class='tick' x='{pad - 4}' y='{height - pad}' text-anchor='end'>{lo:.3g}</text>"
-        f"<text class='tick' x='{pad}' y='{height - pad + 14}'>0</text>"
-        f"<text class='tick' x='{width - 8}' y='{height - pad + 14}' text-anchor='end'>{end}</text>"
+        f"<text class='tick' x='{pad - 4}' y='14' text-anchor='end'>{top_label}</text>"
+        f"<text class='tick' x='{pad - 4}' y='{height - bottom}' text-anchor='end'>{bottom_label}</text>"
+        f"<text class='tick' x='{pad}' y='{height - bottom + 14}'>0</text>"
+        f"<text class='tick' x='{width - 8}' y='{height - bottom + 14}' text-anchor='end'>{end}</text>"
     )
+    caption = _e(name) + (" <span class='scale'>log axis</span>" if log else "")
     return (
-        f"<figure class='chart' data-metric='{_e(name)}'><figcaption>{_e(name)}</figcaption>"
-        f"<svg viewBox='0 0 {width} {height - pad + 20}'>{''.join(parts)}</svg></figure>"
+        f"<figure class='chart' data-metric='{_e(name)}' data-axis='{'log' if log else 'linear'}'>"
+        f"<figcaption>{caption}</figcaption>"
+        f"<svg viewBox='0 0 {width} {height - bottom + 20}'>{''.join(parts)}</svg></figure>"
     )
 
 

@@ -32,8 +32,6 @@ import functools
 import inspect
 import os
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow.fs as pafs
@@ -58,7 +56,9 @@ from ray_ormas._internal.common.settings import (
 from ray_ormas._internal.driver.capacity import check_capacity
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import every_wrapped
+from ray_ormas._internal.driver.monitor_options import monitor_settings
 from ray_ormas._internal.driver.paths import resolve_location
+from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
 from ray_ormas._internal.driver.run_page import write_run_page
 from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
 from ray_ormas._internal.head.ledger import RunLedger
@@ -80,80 +80,12 @@ from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_ex
 from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas._internal.worker.loop import wrap_train_loop
 from ray_ormas._internal.worker.plan import WorkerPlan
-from ray_ormas.errors import RaySeamChanged
+from ray_ormas.errors import OptionError, OptionTypeError, RaySeamChanged
 
 FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 POLL_INTERVAL_S = 0.5  # Ray Train's controller polls its workers this often in a ray-ormas fit (Ray's default: 2 s)
 
 logger = get_logger("ray_ormas.trainer")
-
-
-@dataclass(frozen=True)
-class OrmasRun:
-    """What ray-ormas adds to Ray's Result.
-
-    Attributes:
-        store: where the records persist (a pyarrow filesystem and the `ormas` folder on it).
-        records: each monitor's segment of this fit's last attempt, as a path in `store`.
-        record_dir: the main monitor's segment as a local path, when the store is local (a
-            disk or a mount); None on object storage (use `records`, or `open_records()`).
-        report: the main monitor's engineer report (`report.html`), when the store is local and
-            the report was written.
-        final: rank 0's `ormas/...` facts from the last report, with the whole run's counts:
-            `alarms`, `certificates`, `repairs`, `channels_repaired`, `loss_spikes`,
-            `nonfinite`, `skipped_steps` and `checks` summed over every segment of the run (every
-            attempt, and every earlier fit that this one continued), `segments` (how many), and
-            the state at the end (`stuck_channels`, `stuck_layers`, `loss`) from the run's last
-            segment with a check. docs/quickstart.md lists every key.
-        segments: one row per segment of every monitor of the run: `monitor`, `segment`,
-            `attempt`, `fit_id`, `step_offset`, `complete`, its own counts, and its state at its
-            end (`stuck_channels_at_end`, `loss_at_end`): the per-attempt figures.
-        reports: the fleet view: for every ray-ormas report, one dict of `ormas/...` facts per rank
-            (index = world rank), exactly as `ray.train.report` delivered them to the controller.
-        worker_errors: for each failed attempt, {rank: "Type: message"}.
-        mlflow_run_id: the fit's MLflow run (None when tracking is off, or the tracker was down
-            for the whole fit: `ray-ormas mlflow-sync` creates it later).
-        tracking_uri: where that run is.
-        mlflow_complete: the run holds everything the record holds (False after an outage that
-            outlasted the fit; None when tracking is off).
-        fleet: fleet health (a `FleetSummary`: per-rank table, alarms, the fleet record's path);
-            None when it is off (`fleet=False`, or a single worker).
-        not_uploaded: on object storage, one message per segment that storage could not take
-            by the end of the fit, naming the node and folder that hold its local copy.
-        run_page: the run on one page (`run.html` at the record's root: attempts, metrics,
-            layers, fleet health, whole-run facts), as the store shows it; None when it could not
-            be written (a warning says why). `ray-ormas report RUN` writes it again.
-    """
-
-    store: RecordStore
-    records: dict[str, str]
-    record_dir: Path | None
-    report: Path | None
-    final: dict[str, Any]
-    segments: list[dict[str, Any]] = field(default_factory=list)
-    reports: list[list[dict[str, Any]]] = field(default_factory=list)
-    worker_errors: list[dict[int, str]] = field(default_factory=list)
-    mlflow_run_id: str | None = None
-    tracking_uri: str | None = None
-    mlflow_complete: bool | None = None
-    fleet: FleetSummary | None = None
-    not_uploaded: list[str] = field(default_factory=list)
-    run_page: str | None = None
-
-    def digests(self, key: str = keys.PREFIX + keys.PARAM_DIGEST) -> list[list[str | None]]:
-        """Per report, each rank's parameter digest: equal digests mean identical replicas."""
-        return [[rank.get(key) for rank in per_rank] for per_rank in self.reports]
-
-    def open_records(self) -> RunRecords:
-        """Every segment of every monitor under this run's record root, readable as Arrow tables."""
-        return RunRecords(self.store)
-
-
-@dataclass
-class RayOrmasResult(Result):
-    """Ray's `Result`, unchanged, plus `ormas` (an `OrmasRun`)."""
-
-    ormas: OrmasRun | None = None
 
 
 class RayOrmasTrainer:
@@ -163,22 +95,23 @@ class RayOrmasTrainer:
         train_loop_per_worker: the training loop, `fn()` or `fn(config)`. Inside it,
             `ray_ormas.prepare_model`, `ray_ormas.monitor` and `mon.step(loss)`.
         train_loop_config: passed to the loop (a dict).
+        monitor: the monitor's settings as one object, a `ray_ormas.MonitorSettings` (repair,
+            check_every, thresholds, layers, what rank 0 prints, report cadence, sync timeout,
+            zero-change mode; the YAML's `monitor:` section). `repair=` and `check_every=` are
+            shortcuts beside it for a field it leaves at its default; a field given both ways is
+            an `OptionError`. With `monitor=`, the flat keywords below it are refused.
         repair: False (watch only), True, or "all" (see ormas-monitor); refused with FSDP.
         check_every: steps between checks (overrides `monitor_config.check_every`).
-        monitor_config: an `ormas_monitor.MonitorConfig` with every threshold.
-        layers: fnmatch pattern(s) on module names; only those layers are monitored.
-        verbose: rank 0 prints the monitor's events.
-        progress: rank 0 prints one line per check (step, loss, alarms, stuck channels, repairs).
-        ray_report_lines: show Ray Train's own log line for every report on every rank (with its
-            metrics dict); off by default (docs/cli.md, "What the console shows").
-        report_every: also report every this many checks (a barrier each time); None: only with
-            the loop's own `ray_ormas.report` calls and once at the end.
-        sync_timeout_s: how long ranks wait for each other at a ray-ormas report before failing
-            with an error that names the missing ranks.
-        auto_monitor: zero-change mode (docs/adoption.md): a loop written for `TorchTrainer` gets a
-            monitor on each model an optimizer steps, through PyTorch's optimizer step hooks, and
-            its own `ray.train.report` calls carry the record; a Lightning or Transformers trainer
-            gets ormas-monitor's own callback. `ray_ormas.monitor(...)` in the loop wins.
+        monitor_config, layers, verbose, progress, ray_report_lines, report_every, sync_timeout_s,
+        auto_monitor: the fields of `MonitorSettings` as flat keywords (without `monitor=`):
+            `monitor_config` an `ormas_monitor.MonitorConfig` with every threshold; `layers`
+            fnmatch pattern(s) of the layers to monitor; `verbose` rank 0 prints the monitor's
+            events; `progress` one line per check; `ray_report_lines` Ray Train's own line for
+            every report (docs/cli.md, "What the console shows"); `report_every` also report every
+            this many checks (a barrier each time); `sync_timeout_s` how long ranks wait for each
+            other at a ray-ormas report; `auto_monitor` zero-change mode (docs/adoption.md): a
+            monitor on each model an optimizer steps, ormas-monitor's callback on a Lightning or
+            Transformers trainer; `ray_ormas.monitor(...)` in the loop wins.
         record_dir: where the record persists, a local path or a URI pyarrow can open. Default:
             `<storage_path>/<name>/ormas` on the run's storage (`storage_filesystem` included),
             beside Ray's checkpoints. Checked for writing here, before anything starts.
@@ -210,6 +143,7 @@ class RayOrmasTrainer:
         train_loop_per_worker: Callable[..., Any],
         *,
         train_loop_config: dict[str, Any] | None = None,
+        monitor: MonitorSettings | None = None,
         repair: RepairMode = False,
         check_every: int | None = None,
         monitor_config: MonitorConfig | None = None,
@@ -237,12 +171,13 @@ class RayOrmasTrainer:
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise TypeError(_unknown_options(unknown))
+            raise OptionTypeError(_unknown_options(unknown))
         _check_loop(train_loop_per_worker)
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
-            raise TypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
+            raise OptionTypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
         self.strategy = check_strategy(strategy)
-        self.settings = MonitorSettings.build(
+        self.settings = monitor_settings(
+            monitor,
             repair=repair,
             check_every=check_every,
             monitor_config=monitor_config,
@@ -256,43 +191,45 @@ class RayOrmasTrainer:
         )
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
         if not isinstance(self.scaling_config, ScalingConfig):
-            raise TypeError(f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}")
+            raise OptionTypeError(
+                f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}"
+            )
         self.elastic = elastic_range(self.scaling_config.num_workers, "ScalingConfig(num_workers=...)")
         workers = self.elastic[1] if self.elastic is not None else self.scaling_config.num_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(
+            raise OptionError(
                 f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
                 f"loop in this process, for debugging), got {workers!r}"
             )
         if self.strategy == "fsdp" and workers == 0:
-            raise ValueError(
+            raise OptionError(
                 "strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
                 "the loop in this process without one: debug with strategy='ddp' (one process, the model "
                 "left unwrapped), or give num_workers >= 1"
             )
         if self.strategy == "fsdp" and self.settings.repair:
-            raise ValueError(
+            raise OptionError(
                 "repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
                 "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
                 "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
                 "work; or strategy='ddp' to repair"
             )
         if not isinstance(sync_batchnorm, bool):
-            raise TypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
+            raise OptionTypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
         if sync_batchnorm and self.strategy != "ddp":
-            raise ValueError(
+            raise OptionError(
                 "sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
                 "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself"
             )
         if sync_batchnorm and not self.scaling_config.use_gpu:
-            raise ValueError(
+            raise OptionError(
                 "sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
                 "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
                 "or leave sync_batchnorm=False on CPU"
             )
         self.sync_batchnorm = sync_batchnorm
         if batch is not None and not isinstance(batch, BatchSize):
-            raise TypeError(
+            raise OptionTypeError(
                 f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
                 f"got {type(batch).__name__}"
             )
@@ -300,7 +237,7 @@ class RayOrmasTrainer:
         self.batches = _batch_splits(batch, self.world_size, self.elastic)  # refuses an uneven split
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
-            raise TypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
+            raise OptionTypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
         self.run_config = _with_absolute_storage_path(self.run_config)
         if record_dir is not None:
             resolved = resolve_location(record_dir, "record_dir")
@@ -314,7 +251,9 @@ class RayOrmasTrainer:
         if mlflow is True:
             mlflow = MLflowSettings()
         if mlflow is not False and not isinstance(mlflow, MLflowSettings):
-            raise TypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
+            raise OptionTypeError(
+                f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}"
+            )
         self.mlflow: MLflowSettings | None = mlflow if mlflow and mlflow.enabled else None
         if self.mlflow is not None and self.mlflow.run_id is not None:
             check_run_exists(self.mlflow, self._run_dir())
@@ -356,7 +295,7 @@ class RayOrmasTrainer:
             shortfall = check_capacity(self.scaling_config)
             if shortfall is not None:  # a cluster started here never grows: Ray Train would wait forever
                 ray.shutdown()
-                raise ValueError(
+                raise OptionError(
                     f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
                     f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)"
                 )
@@ -568,7 +507,7 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
     elif fleet is False or isinstance(fleet, FleetSettings) and not fleet.enabled:
         return None
     elif not isinstance(fleet, FleetSettings):
-        raise TypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
+        raise OptionTypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
     elif workers == 1:
         logger.warning(
             "fleet health compares the ranks with each other; with one worker there is "
@@ -576,7 +515,7 @@ def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | 
         )
         return None
     if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:
-        raise ValueError(
+        raise OptionError(
             f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
             f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)"
         )
@@ -749,14 +688,14 @@ def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
 
 def _check_loop(fn: Any) -> None:
     if not callable(fn):
-        raise TypeError(f"train_loop_per_worker must be a function fn() or fn(config), got {type(fn).__name__}")
+        raise OptionTypeError(f"train_loop_per_worker must be a function fn() or fn(config), got {type(fn).__name__}")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return
     required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) > 1 and len(required) > 1:
-        raise TypeError(
+        raise OptionTypeError(
             f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
             f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}"
         )

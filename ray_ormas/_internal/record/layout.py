@@ -22,6 +22,8 @@ import json
 import re
 from typing import Any, Iterable, Iterator
 
+from ray_ormas.errors import OptionError
+
 RECORD_DIR = "ormas"
 DEFAULT_MONITOR_NAME = "model"
 SEGMENT = re.compile(r"^segment-(\d{3,})$")
@@ -61,11 +63,11 @@ def check_monitor_name(name: Any) -> str:
         or name.startswith(".")
         or not all(c.isalnum() or c in "-_." for c in name)
     ):
-        raise ValueError(
+        raise OptionError(
             f"monitor name must be a non-empty folder name of letters, digits, '-', '_' or '.', got {name!r}"
         )
     if name in RESERVED_MONITOR_NAMES:
-        raise ValueError(
+        raise OptionError(
             f"monitor name {name!r} is reserved: the record keeps its {name}/ folder there "
             f"(reserved: {sorted(RESERVED_MONITOR_NAMES)}); choose another name, e.g. {name + '-model'!r}"
         )

@@ -49,7 +49,7 @@ from ray_ormas._internal.record.layout import (
     segment_name,
     whole_name,
 )
-from ray_ormas.errors import RecordStorageError
+from ray_ormas.errors import OptionTypeError, RecordStorageError
 
 if TYPE_CHECKING:
     from ray.train import RunConfig
@@ -297,7 +297,9 @@ def resolve(path: str | os.PathLike, filesystem: pafs.FileSystem | None = None) 
     text = os.fspath(path)
     if filesystem is not None:
         if not isinstance(filesystem, pafs.FileSystem):
-            raise TypeError(f"storage_filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
+            raise OptionTypeError(
+                f"storage_filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}"
+            )
         if isinstance(filesystem, pafs.LocalFileSystem):
             text = os.path.abspath(os.path.expanduser(text))
         return filesystem, text

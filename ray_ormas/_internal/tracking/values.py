@@ -28,7 +28,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import USERINFO, MLflowSettings
+from ray_ormas.errors import OptionError
+
+logger = get_logger("ray_ormas.mlflow")
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value (characters)
 PARAM_KEY_LIMIT = 250
@@ -150,8 +154,10 @@ def first_line(e: BaseException) -> str:
 
 
 def check_run_exists(settings: MLflowSettings, run_dir: str | None) -> None:
-    """`MLflowSettings(run_id=...)`: a ValueError on the driver, before anything starts, when the
-    tracker says the run does not exist. An unreachable tracker is left to the writer (it waits)."""
+    """`MLflowSettings(run_id=...)`: an `OptionError` (a ValueError) on the driver, before anything
+    starts, when the tracker says the run does not exist. Any other answer (an unreachable tracker,
+    a refused permission) is named in one warning with the tracking URI and the run id, and left to
+    the writer, which waits for the tracker and says what it meets."""
     if settings.run_id is None:
         return
     from mlflow import MlflowClient
@@ -163,12 +169,21 @@ def check_run_exists(settings: MLflowSettings, run_dir: str | None) -> None:
         MlflowClient(tracking_uri=uri).get_run(settings.run_id)
     except MlflowException as e:
         if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
-            raise ValueError(
+            raise OptionError(
                 f"MLflowSettings.run_id={settings.run_id!r} does not exist at {shown(uri)}; pass the id "
                 f"of an existing run, or run_id=None to start a new one"
             ) from None
-    except Exception:
-        pass
+        _could_not_check(uri, settings.run_id, e)
+    except Exception as e:  # whatever the tracker's client raises: named, never fatal here
+        _could_not_check(uri, settings.run_id, e)
+
+
+def _could_not_check(uri: str, run_id: str, error: BaseException) -> None:
+    logger.warning(
+        f"could not check that MLflowSettings.run_id={run_id!r} exists at {shown(uri)}: "
+        f"{type(error).__name__}: {first_line(error)}; training goes on, and the run is continued "
+        f"once the tracker answers (check the id and your access to it)"
+    )
 
 
 def absolute_store_uri(uri: str | None) -> str | None:

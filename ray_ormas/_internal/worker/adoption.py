@@ -27,6 +27,7 @@ import types
 from typing import Any, Callable
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas.errors import MissingExtraError, UsageError
 
 logger = get_logger("ray_ormas.adoption")
 
@@ -131,13 +132,13 @@ def check_frameworks(fn: Callable[..., Any]) -> tuple[str, ...]:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise ImportError(
+            raise MissingExtraError(
                 f"the training loop uses {name}, and ray-ormas attaches ormas-monitor's {name} callback "
                 f"to it, which needs the extra: pip install 'ray-ormas[{extra}]' on the driver and every "
                 f"node ({e}). Or pass auto_monitor=False to train without it"
             ) from None
         if name == "lightning" and not _entry_point_registered():
-            raise RuntimeError(
+            raise UsageError(
                 f"the training loop uses Lightning, and ray-ormas reaches its Trainer through the "
                 f"'{LIGHTNING_ENTRY_POINT_GROUP}' entry point, which is not registered: ray-ormas is "
                 f"imported from a source tree that was not installed. pip install -e . (or "

@@ -29,12 +29,13 @@ from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monito
 from ray_ormas._internal.worker.monitor import WorkerMonitor
 from ray_ormas._internal.worker.session import WorkerSession, check_metrics, current_session
 from ray_ormas._internal.worker.strategies import prepare
+from ray_ormas.errors import OptionTypeError, UsageError
 
 
 def _session(what: str) -> WorkerSession:
     session = current_session()
     if session is None:
-        raise RuntimeError(
+        raise UsageError(
             f"ray_ormas.{what}() works only inside a training loop run by RayOrmasTrainer(...).fit(); "
             f"for a plain ray.train.torch.TorchTrainer use ray.train.torch.prepare_model and "
             f"ormas_monitor.Monitor directly"
@@ -68,7 +69,7 @@ def batch_size() -> int:
     """This rank's micro-batch size, from the trainer's `batch=ray_ormas.BatchSize(...)`."""
     batch = _session("batch_size").batch
     if batch is None:
-        raise RuntimeError(
+        raise UsageError(
             "ray_ormas.batch_size() needs RayOrmasTrainer(batch=ray_ormas.BatchSize(size, per='rank' "
             "or 'global', accumulation=1))"
         )
@@ -107,6 +108,6 @@ def report(
     curves; `step=` gives another (rank 0's counts). Other keyword arguments go to
     `ray.train.report` (e.g. `checkpoint_dir_name`)."""
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise TypeError(f"step must be an int >= 0 (the MLflow step of these metrics) or None, got {step!r}")
+        raise OptionTypeError(f"step must be an int >= 0 (the MLflow step of these metrics) or None, got {step!r}")
     check_metrics(metrics)
     _session("report").report("user", metrics, checkpoint, step=step, **kwargs)

@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas.errors import CheckpointError, CheckpointNotFoundError, OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.checkpointing")
 
@@ -139,14 +140,14 @@ def load_checkpoint(
     with checkpoint.as_directory() as d:
         path = Path(d) / STATE_FILE
         if not path.is_file():
-            raise FileNotFoundError(
+            raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint.path} has no {STATE_FILE}: it was not written by "
                 f"ray_ormas.save_checkpoint. Load it with your own code, or pass checkpoint=None "
                 f"to start fresh"
             )
         state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format") != FORMAT:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {checkpoint.path} has format {state.get('format')!r}; this ray-ormas reads {FORMAT!r}"
         )
     from torch.distributed.checkpoint.state_dict import (  # see save_checkpoint
@@ -159,7 +160,7 @@ def load_checkpoint(
     set_model_state_dict(model, state["model"], options=full)
     if optimizer is not None:
         if state["optimizer"] is None:
-            raise ValueError(f"checkpoint {checkpoint.path} holds no optimizer state; load it with optimizer=None")
+            raise CheckpointError(f"checkpoint {checkpoint.path} holds no optimizer state; load it with optimizer=None")
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=full)
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
@@ -171,14 +172,14 @@ def load_checkpoint(
 
 def _check_state_args(model: Any, optimizer: Any, epoch: Any, step: Any, extra: Any) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise OptionTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer (or None), got {type(optimizer).__name__}")
+        raise OptionTypeError(f"optimizer must be a torch.optim.Optimizer (or None), got {type(optimizer).__name__}")
     for name, value in (("epoch", epoch), ("step", step)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            raise OptionError(f"{name} must be an int >= 0, got {value!r}")
     if extra is not None and not isinstance(extra, dict):
-        raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
+        raise OptionTypeError(f"extra must be a dict (or None), got {type(extra).__name__}")
 
 
 def _rank() -> int:

@@ -57,7 +57,7 @@ class ProgressPrinter:
         )
 
     def __repr__(self) -> str:
-        return f"ray_ormas.ProgressPrinter({self.name!r})"
+        return f"ray-ormas ProgressPrinter({self.name!r})"
 
 
 class RecordBuffer:
@@ -93,7 +93,7 @@ class RecordBuffer:
         return count
 
     def __repr__(self) -> str:
-        return "ray_ormas.RecordBuffer()"
+        return "ray-ormas RecordBuffer()"
 
 
 def rank0_metrics(prefix: str, buffer: RecordBuffer, counts: dict[str, int]) -> dict[str, Any]:

@@ -55,4 +55,4 @@ class RowForwarder:
             )
 
     def __repr__(self) -> str:
-        return f"ray_ormas.RowForwarder({self._prefix})"
+        return f"ray-ormas RowForwarder({self._prefix})"

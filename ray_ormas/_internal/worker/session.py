@@ -47,6 +47,7 @@ from ray_ormas._internal.worker.checkpointing import is_temporary
 from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
 from ray_ormas._internal.worker.rendezvous import meet
+from ray_ormas.errors import OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.worker")
 
@@ -118,14 +119,14 @@ class WorkerSession:
     ) -> MonitorRuntime:
         owner = self.monitor_of(model)
         if owner is not None:
-            raise ValueError(_claimed(owner, type(model).__name__))
+            raise OptionError(_claimed(owner, type(model).__name__))
         if name in self.monitors:
-            raise ValueError(
+            raise OptionError(
                 f"this rank already has a monitor named {name!r}; give each independently "
                 f"stepped model its own name, e.g. ray_ormas.monitor(disc, opt_d, name='discriminator')"
             )
         if self.plan.settings.repair and optimizer is None and (attach is None or attach.build is None):
-            raise ValueError(
+            raise OptionError(
                 f"the trainer has repair={self.plan.settings.repair!r}, which needs the optimizer to "
                 f"reset the repaired channels' state: call ray_ormas.monitor(model, optimizer), or "
                 f"use repair=False to watch only"
@@ -304,10 +305,10 @@ class WorkerSession:
 def check_metrics(metrics: Any) -> None:
     """Refuse what `ray.train.report` would take but ray-ormas cannot merge its facts into."""
     if not isinstance(metrics, dict):
-        raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+        raise OptionTypeError(f"metrics must be a dict, got {type(metrics).__name__}")
     taken = sorted(k for k in metrics if keys.is_ormas(k))
     if taken:
-        raise ValueError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
+        raise OptionError(f"metric names starting with 'ormas/' are reserved for ray-ormas: {taken}; rename them")
 
 
 def _claimed(owner: MonitorRuntime, model: str) -> str:

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas.errors import OptionError
 
 logger = get_logger("ray_ormas.strategies")
 
@@ -66,7 +67,7 @@ def _fully_shard(model: nn.Module, move_to_device: bool | torch.device, kwargs: 
     else:
         units = [m for name, m in model.named_modules() if name and any(fnmatch.fnmatchcase(name, p) for p in patterns)]
         if not units:
-            raise ValueError(
+            raise OptionError(
                 f"parallel_strategy_kwargs['shard_modules']={patterns!r} matches no module; "
                 f"names look like {[n for n, _ in model.named_modules() if n][:6]}"
             )
@@ -110,7 +111,7 @@ def epochs(loader: Any, count: int, start: int = 0) -> Iterator[int]:
     rank. A sampler without `set_epoch` is left alone, and said so once when several ranks share
     the data (one process with a plain shuffling loader reshuffles every epoch by itself)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"count must be an int >= 0, got {count!r}")
+        raise OptionError(f"count must be an int >= 0, got {count!r}")
     sampler = loader if callable(getattr(loader, "set_epoch", None)) else getattr(loader, "sampler", None)
     settable = callable(getattr(sampler, "set_epoch", None))
     distributed = (

@@ -29,6 +29,7 @@ from ray_ormas._internal.worker.api import batch_size, monitor, prepare_model, r
 from ray_ormas._internal.worker.checkpointing import load_checkpoint, save_checkpoint
 from ray_ormas._internal.worker.strategies import epochs as epoch_range
 from ray_ormas._internal.worker.strategies import no_sync
+from ray_ormas.errors import OptionTypeError
 
 
 def supervised_loop(config: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def supervised_loop(config: dict[str, Any]) -> dict[str, Any]:
     device = ray.train.torch.get_device()
     datasets = job.data.build()
     if not isinstance(datasets, dict) or "train" not in datasets:
-        raise TypeError(
+        raise OptionTypeError(
             f"data.target {job.data.target} must return {{'train': Dataset, 'val': Dataset or None}}, "
             f"got {type(datasets).__name__}"
         )

@@ -25,10 +25,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ray_ormas.errors import MissingExtraError, UsageError
+
 try:
     from ormas_monitor.integrations.lightning import OrmasMonitorCallback
 except ImportError as e:
-    raise ImportError(f"ray_ormas.lightning needs Lightning: pip install 'ray-ormas[lightning]' ({e})") from e
+    raise MissingExtraError(f"ray_ormas.lightning needs Lightning: pip install 'ray-ormas[lightning]' ({e})") from e
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
@@ -72,7 +74,7 @@ class RayOrmasLightningCallback(OrmasMonitorCallback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         session = current_session()
         if session is None:
-            raise RuntimeError(
+            raise UsageError(
                 "RayOrmasLightningCallback works inside a RayOrmasTrainer loop; elsewhere use "
                 "ormas_monitor.integrations.lightning.OrmasMonitorCallback"
             )

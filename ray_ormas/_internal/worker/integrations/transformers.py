@@ -30,11 +30,15 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from ray_ormas.errors import MissingExtraError, UsageError
+
 try:
     import transformers
     from ormas_monitor.integrations.huggingface import OrmasMonitorCallback
 except ImportError as e:
-    raise ImportError(f"ray_ormas.transformers needs Transformers: pip install 'ray-ormas[transformers]' ({e})") from e
+    raise MissingExtraError(
+        f"ray_ormas.transformers needs Transformers: pip install 'ray-ormas[transformers]' ({e})"
+    ) from e
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, check_monitor_name
@@ -72,7 +76,7 @@ class RayOrmasTransformersCallback(OrmasMonitorCallback):
     ) -> None:
         session = current_session()
         if session is None:
-            raise RuntimeError(
+            raise UsageError(
                 "RayOrmasTransformersCallback works inside a RayOrmasTrainer loop; elsewhere use "
                 "ormas_monitor.integrations.huggingface.OrmasMonitorCallback"
             )
@@ -149,7 +153,7 @@ class TrainerHook:
     def install(self) -> None:
         original = transformers.Trainer.train
         if not callable(original):
-            raise RuntimeError(
+            raise UsageError(
                 f"transformers.Trainer.train is not a method in transformers "
                 f"{transformers.__version__}; ray-ormas cannot add its callback"
             )
