@@ -65,6 +65,7 @@ __all__ = [
     "ConfigError",
     "FleetSettings",
     "FleetSummary",
+    "JournalError",
     "MLflowSettings",
     "MissingExtraError",
     "MonitorSettings",

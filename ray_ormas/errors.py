@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigError",
+    "JournalError",
     "MissingExtraError",
     "OptionError",
     "OptionTypeError",
@@ -71,6 +72,11 @@ class RecordStorageError(RayOrmasError, ValueError):
 
 class StoragePathError(RecordStorageError):
     """A storage location that cannot work; the message names the key and the value."""
+
+
+class JournalError(RecordStorageError):
+    """A run's MLflow journal (`<record root>/.mlflow/<fit id>.json`) that this ray-ormas cannot
+    read: written by a newer ray-ormas (the message names both versions), or damaged."""
 
 
 class RankMismatchError(RayOrmasError, RuntimeError):

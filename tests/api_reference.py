@@ -71,6 +71,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "CheckpointNotFoundError",
             "RecordStorageError",
             "StoragePathError",
+            "JournalError",
             "RankMismatchError",
             "RankSyncTimeoutError",
             "OrmasCompatError",

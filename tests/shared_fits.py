@@ -7,8 +7,8 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   health and the embedded MLflow store on, as by default. Read by the DDP tests (the record, the
   reports, the checkpoint pointer, MLflow) and the fleet tests (no alarm, replicas agree).
 * `watched_fit`: the lesioned digits CNN, watched only (no repair), 40 steps, with fleet health
-  off. Read by the DDP tests (the dead layers certified and left dead; a rerun under its name
-  starts a new segment) and the fleet tests (with fleet health off nothing of it runs).
+  off. Read by the DDP tests (the dead layers certified and left dead) and the fleet tests
+  (with fleet health off nothing of it runs).
 * `failed_fit`: the digits CNN whose loop raises ValueError at step 7 on both ranks, 20 steps
   asked, a check every 2. Read by the DDP tests (the loop's exception reaches `fit()` unchanged,
   the record keeps it) and the MLflow tests (the run is FAILED with the error, the record's files
@@ -23,8 +23,9 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   (the dataset and the validation reach the workers) and the strategies test (the epoch helper
   reshuffles every epoch, the global batch is split).
 
-A test that only reads a fit never changes its run folder; the one test that adds to it (the
-rerun) adds a segment beside the first and checks the first is unchanged.
+A test that only reads a fit never changes its run folder. (A rerun under a run's name starts a
+new segment beside the first and leaves the first unchanged: tests/test_train_command.py checks
+it on the digits_repair example's second run.)
 """
 
 from __future__ import annotations

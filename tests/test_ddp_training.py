@@ -162,16 +162,6 @@ def test_the_loops_exception_reaches_fit_unchanged_and_the_record_keeps_it(faile
     assert verify_run(record).ok
 
 
-@pytest.mark.timeout(240)
-def test_rerun_under_the_same_name_starts_a_new_segment(watched_fit):
-    first = watched_fit.run_dir / "ormas" / "model" / "segment-000"
-    before = (first / "diary.jsonl").read_bytes()
-    second = trainer(watched_fit.storage, "watch", check_every=5, fleet=False, train_loop_config={"steps": 10}).fit()
-    assert second.ormas.record_dir == first.parent / "segment-001"
-    assert (first / "diary.jsonl").read_bytes() == before
-    assert verify_run(second.ormas.record_dir).ok
-
-
 @pytest.mark.timeout(180)
 def test_repair_without_the_optimizer_is_a_clear_error(storage):
     # Raised where the monitor is built, the same on every rank: Ray Train's local mode (the loop

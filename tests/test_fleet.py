@@ -21,6 +21,7 @@ from ray.train import RunConfig, ScalingConfig, TrainingFailedError
 import ray_ormas
 from ray_ormas import FleetSettings, RayOrmasTrainer
 from ray_ormas._internal.fleet.analysis import FleetAnalyzer, _median_without
+from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.head.fleet_metrics import EXPORTED
 
 from .loops import digits_loop
@@ -240,8 +241,8 @@ def test_the_hang_detector_switch_sets_rays_variables():
 # ------------------------------------------------------------------ the analysis, without Ray
 def facts(
     rank: int, check: int, data: float = 0.001, forward: float = 0.002, digest: str = "d", loss: float = 1.0, **extra
-) -> dict:
-    return {
+) -> RankFacts:
+    fields = {
         "rank": rank,
         "node": f"10.0.0.{rank}",
         "check": check,
@@ -251,14 +252,13 @@ def facts(
         "wall_s": 0.01 + data,
         "loss": loss,
         "nonfinite_loss": loss != loss,
-        "nonfinite_layers": [],
         "digest": digest,
-        "groups": [digest] * 3,
-        **extra,
+        "groups": (digest,) * 3,
     }
+    return RankFacts(**{**fields, **extra})
 
 
-def feed(analyzer: FleetAnalyzer, per_check: list[list[dict]]) -> list[dict]:
+def feed(analyzer: FleetAnalyzer, per_check: list[list[RankFacts]]) -> list[dict]:
     out = []
     for check in per_check:
         for f in check:
@@ -301,7 +301,7 @@ class _Inbox:
     """Where a RankProbe sends its facts: the run ledger's `fleet_facts.remote`, without Ray."""
 
     def __init__(self) -> None:
-        self.facts: list[dict] = []
+        self.facts: list[RankFacts] = []
         self.fleet_facts = self
         self.fleet_unreadable = self
 
@@ -334,13 +334,13 @@ def test_a_checks_timings_are_the_median_of_the_steps_up_to_it():
         if step % every == 0:
             probe.checked(step // every, step, loss)
         probe.between_steps(step + 1, every)
-    assert [f["check"] for f in inbox.facts] == [0, 1, 2, 3]
-    assert [f["timed_steps"] for f in inbox.facts] == [1, 5, 5, 5]
-    assert [f["forwards"] for f in inbox.facts] == [1, 5, 5, 5]
+    assert [f.check for f in inbox.facts] == [0, 1, 2, 3]
+    assert [f.timed_steps for f in inbox.facts] == [1, 5, 5, 5]
+    assert [f.forwards for f in inbox.facts] == [1, 5, 5, 5]
     hiccup, slow = inbox.facts[2], inbox.facts[3]
-    assert hiccup["data_s"] < 0.02, hiccup  # one step in five: the median keeps the usual time
-    assert slow["data_s"] >= 0.04 and slow["wall_s"] >= 0.04, slow  # every step: shown whole
-    assert all(0 < f["forward_s"] < f["wall_s"] for f in inbox.facts)
+    assert hiccup.data_s < 0.02, hiccup  # one step in five: the median keeps the usual time
+    assert slow.data_s >= 0.04 and slow.wall_s >= 0.04, slow  # every step: shown whole
+    assert all(0 < f.forward_s < f.wall_s for f in inbox.facts)
 
 
 def test_divergence_names_the_minority_and_the_first_differing_group():
@@ -348,12 +348,12 @@ def test_divergence_names_the_minority_and_the_first_differing_group():
     names = [["conv1.weight", "conv1.weight"], ["conv2.weight", "conv2.weight"], ["head.weight", "head.bias"]]
     first = [facts(r, 0, group_names=names) for r in range(4)]
     second = [facts(r, 1) for r in range(4)]
-    second[3] = facts(3, 1, digest="x", groups=["d", "x", "x"])
+    second[3] = facts(3, 1, digest="x", groups=("d", "x", "x"))
     [alarm] = feed(analyzer, [first, second])
     assert alarm["kind"] == "divergence" and alarm["ranks"] == [3] and alarm["layer"] == "conv2"
     # The same episode does not alarm twice; agreement again is said once.
     third = [facts(r, 2) for r in range(4)]
-    third[3] = facts(3, 2, digest="x", groups=["d", "x", "x"])
+    third[3] = facts(3, 2, digest="x", groups=("d", "x", "x"))
     assert feed(analyzer, [third]) == []
     assert [a["kind"] for a in feed(analyzer, [[facts(r, 3) for r in range(4)]])] == ["divergence_resolved"]
     # FSDP: shards differ by design, nothing is compared.
@@ -363,7 +363,7 @@ def test_divergence_names_the_minority_and_the_first_differing_group():
 
 def test_nonfinite_gradients_on_every_rank_are_said_as_such():
     analyzer = FleetAnalyzer(FleetSettings(), world=2, compare_digests=True)
-    [alarm] = feed(analyzer, [[facts(r, 0, nonfinite_layers=["fc2"]) for r in range(2)]])
+    [alarm] = feed(analyzer, [[facts(r, 0, nonfinite_layers=("fc2",)) for r in range(2)]])
     assert alarm["source"] == "gradients" and alarm["ranks"] == [0, 1] and "(every rank)" in alarm["message"]
 
 

@@ -88,6 +88,7 @@ def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
         "OptionError": ValueError,
         "RecordStorageError": ValueError,
         "StoragePathError": ValueError,
+        "JournalError": ValueError,
         "RankMismatchError": RuntimeError,
         "OrmasCompatError": RuntimeError,
         "RankSyncTimeoutError": TimeoutError,

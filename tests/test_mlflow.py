@@ -385,14 +385,16 @@ def test_loop_metrics_keep_numbers_and_skip_the_rest():
 
 
 def test_the_checkpoint_policy_picks_none_last_best_or_all():
+    from ray_ormas._internal.tracking.journal import TrackingJournal
     from ray_ormas._internal.tracking.sync import chosen_checkpoints
 
     cps = [
         {"step": s, "path": f"/c{s}", "metrics": {"val": v}}
         for s, v in ((1, 0.5), (2, 0.2), (3, float("nan")), (4, 0.9))
     ]
-    base = {"checkpoints": cps, "final_checkpoint": "/c4", "checkpoint_metric": "val"}
-    paths = lambda **kw: [c["path"] for c in chosen_checkpoints({**base, **kw})]  # noqa: E731
+    names = dict.fromkeys(("fit_id", "run_name", "tracking_uri", "experiment", "mlflow_run_name"), "x")
+    base = {**names, "checkpoints": cps, "final_checkpoint": "/c4", "checkpoint_metric": "val"}
+    paths = lambda **kw: [c.path for c in chosen_checkpoints(TrackingJournal(**{**base, **kw}))]  # noqa: E731
     assert paths(log_checkpoints="none") == []
     assert paths(log_checkpoints="last") == ["/c4"]
     assert paths(log_checkpoints="all") == ["/c1", "/c2", "/c3", "/c4"]

@@ -88,11 +88,13 @@ def test_unwritable_storage_fails_on_the_driver_naming_path_and_reason(tmp_path)
 def test_diary_tail_ignores_a_line_cut_short():
     lines = [{"seq": 0, "event": "run_start", "hash": "a" * 64}, {"seq": 1, "event": "alarm", "hash": "b" * 64}]
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    assert diary_tail(data) == {"events": 2, "last_hash": "b" * 64, "complete": False}
+    assert diary_tail(data) == {"events": 2, "last_hash": "b" * 64, "complete": False, "error": None}
     assert diary_tail(data + b'{"seq": 2, "event": "run_end", "ha') == diary_tail(data)
     ended = data + json.dumps({"seq": 2, "event": "run_end", "hash": "c" * 64}).encode()
-    assert diary_tail(ended) == {"events": 3, "last_hash": "c" * 64, "complete": True}
-    assert diary_tail(None) == {"events": 0, "last_hash": None, "complete": False}
+    assert diary_tail(ended) == {"events": 3, "last_hash": "c" * 64, "complete": True, "error": None}
+    raised = data + json.dumps({"seq": 2, "event": "run_end", "hash": "c" * 64, "error": "ValueError: x"}).encode()
+    assert diary_tail(raised) == {"events": 3, "last_hash": "c" * 64, "complete": True, "error": "ValueError: x"}
+    assert diary_tail(None) == {"events": 0, "last_hash": None, "complete": False, "error": None}
 
 
 def test_parameter_digest_sees_a_single_bit():

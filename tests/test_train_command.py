@@ -298,9 +298,15 @@ def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
     assert accuracy > 0.9
     # The same command again continues the run: it says so first, trains nothing (every epoch is
     # done) and says that, and the summary is still the whole run's, never the empty segment's.
+    # The rerun starts a new segment beside the first, which it leaves byte for byte as it was.
+    record = tmp_path / "digits-repair" / "ormas" / "model"
+    before = (record / "segment-000" / "diary.jsonl").read_bytes()
     args = [str(EXAMPLES / "digits_repair.yaml"), "--set", f"storage.path={tmp_path}", "--set", "mlflow.enabled=false"]
     code, again, said = run(console, *args, "--set", "train.epochs=3")
     assert code == 0, said[-3000:]
+    assert sorted(p.name for p in record.iterdir()) == ["segment-000", "segment-001"]
+    assert (record / "segment-000" / "diary.jsonl").read_bytes() == before
+    assert verify_run(record / "segment-001").ok
     first = said.splitlines()[0]
     run_dir = tmp_path / "digits-repair"
     assert first.startswith(f"[ray-ormas] continuing the existing run at {run_dir} (1 record segment so far)"), first

@@ -20,28 +20,27 @@ import tempfile
 import time
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
 from ray_ormas._internal.record.store import RecordStore
 
 
-def rank_facts(rank: int, check: int, rng: random.Random, slow: bool) -> dict:
+def rank_facts(rank: int, check: int, rng: random.Random, slow: bool) -> RankFacts:
     digest = f"{check:016x}"
     data = 0.030 if slow else 0.001 + rng.random() * 0.0005
-    return {
-        "rank": rank,
-        "node": f"10.0.{rank // 8 // 256}.{rank // 8 % 256}",
-        "check": check,
-        "step": check * 50,
-        "data_s": data,
-        "forward_s": 0.020 + rng.random() * 0.002,
-        "wall_s": 0.1,
-        "forwards": 1,
-        "loss": 2.0 + rng.random(),
-        "nonfinite_loss": False,
-        "nonfinite_layers": [],
-        "digest": digest,
-        "groups": [digest[:8]] * 64,
-    }
+    return RankFacts(
+        rank=rank,
+        node=f"10.0.{rank // 8 // 256}.{rank // 8 % 256}",
+        check=check,
+        step=check * 50,
+        data_s=data,
+        forward_s=0.020 + rng.random() * 0.002,
+        wall_s=0.1,
+        forwards=1,
+        loss=2.0 + rng.random(),
+        digest=digest,
+        groups=(digest[:8],) * 64,
+    )
 
 
 def simulate(world: int, checks: int) -> dict[str, float]:

@@ -5,7 +5,8 @@
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment and the run's page, from run storage
     ray-ormas export RUN --out DIR       events, metrics and segments .parquet (fleet_* with a fleet)
     ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage);
-                                         --close-as KILLED closes one whose fit never ended
+                                         a fit whose loop ended but whose end never ran is closed as
+                                         FINISHED; --close-as KILLED closes one whose loop never ended
 
 `train` starts a local Ray cluster when none is running, and joins the cluster under
 `ray job submit` (Ray sets RAY_ADDRESS for the job). RUN is a run's folder
@@ -92,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
         "--close-as",
         choices=["FINISHED", "FAILED", "KILLED"],
         help="also close a run whose fit never reached its end (a Ray Tune trial a scheduler stopped, "
-        "a driver that was killed) with this status; a status the fit recorded is never changed",
+        "a driver that was killed) with this status; a status the fit recorded is never changed, and a "
+        "fit whose loop ended (its record's run_end) is closed as FINISHED without this option",
     )
     return p
 
@@ -138,10 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _mlflow_sync(records, tracking_uri: str | None, close_as: str | None = None) -> int:
-    from ray_ormas._internal.tracking.sync import read_journals, sync_fit, unended, write_journal
+    from ray_ormas._internal.tracking.sync import close_unended, loop_ended, read_journals, sync_fit, write_journal
     from ray_ormas._internal.tracking.values import first_line, quick_requests, shown
+    from ray_ormas.errors import JournalError
 
-    journals = read_journals(records.store)
+    try:
+        journals = read_journals(records.store)
+    except JournalError as e:
+        logger.error("ray-ormas mlflow-sync: %s", e)
+        return 2
     if not journals:
         logger.error(
             "ray-ormas mlflow-sync: no MLflow journal under %s (its .mlflow/ folder): the run was trained "
@@ -153,7 +160,7 @@ def _mlflow_sync(records, tracking_uri: str | None, close_as: str | None = None)
     from mlflow import MlflowClient
 
     clients = {}
-    for uri in {tracking_uri or j["tracking_uri"] for j in journals}:
+    for uri in {tracking_uri or j.tracking_uri for j in journals}:
         client = MlflowClient(tracking_uri=uri)
         try:
             client.search_experiments(max_results=1)
@@ -168,14 +175,19 @@ def _mlflow_sync(records, tracking_uri: str | None, close_as: str | None = None)
             return 1
         clients[uri] = client
     for journal in journals:
-        if close_as is not None and journal.get("status") is None:
-            journal.update(unended(close_as))
+        ended = journal.status is None and loop_ended(records, journal.fit_id)
+        if journal.status is None and (ended or close_as is not None):
+            # The fit never reached its end. A loop that ended (its record says so) is FINISHED
+            # whatever --close-as says; else --close-as names how it ended.
+            close_unended(journal, close_as, loop_ended=ended)
             write_journal(records.store, journal)
-        uri = tracking_uri or journal["tracking_uri"]
+            print(f"fit {journal.fit_id}: closed as {journal.status} ({journal.closed_by})")
+            _write_page(records)  # the fit's end did not write it: before the sync, which uploads it
+        uri = tracking_uri or journal.tracking_uri
         try:
             r = sync_fit(clients[uri], records, journal, finished=True)
         except Exception as e:
-            logger.error("ray-ormas mlflow-sync: fit %s: %s: %s", journal["fit_id"], type(e).__name__, first_line(e))
+            logger.error("ray-ormas mlflow-sync: fit %s: %s: %s", journal.fit_id, type(e).__name__, first_line(e))
             return 1
         what = "created; " if r.created else ""
         closed = f"; set {r.closed}" if r.closed else ""
@@ -183,6 +195,15 @@ def _mlflow_sync(records, tracking_uri: str | None, close_as: str | None = None)
         for path in r.missing_checkpoints:
             print(f"    checkpoint {path} is no longer in storage; not uploaded")
     return 0
+
+
+def _write_page(records) -> None:
+    from ray_ormas._internal.driver.run_page import write_run_page
+
+    try:
+        print(f"run.html: {write_run_page(records)}")
+    except Exception as e:  # the page is a view: the sync goes on without it
+        logger.warning("could not write run.html (%s: %s); `ray-ormas report` writes it", type(e).__name__, e)
 
 
 def _report(records, out: Path, monitor: str | None) -> int:

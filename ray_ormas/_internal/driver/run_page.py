@@ -37,7 +37,10 @@ from ray_ormas._internal.record.fleet_record import ranks_label, read_fleet, rea
 from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
 from ray_ormas._internal.record.reader import RunRecords, Segment
 from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
+from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.tracking.journal import TrackingJournal
 from ray_ormas._internal.tracking.sync import read_journals
+from ray_ormas.errors import JournalError
 
 logger = get_logger("ray_ormas.run_page")
 
@@ -73,7 +76,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
     segments = records.segments()
     events = [e for e in records.events().to_pylist() if e["event"] in MARKS]
     rows = records.metrics().to_pylist()
-    journals = read_journals(store)
+    journals = _journals(store)
     fleets = [(fit_id, *read_fleet(store, fit_id)) for fit_id in records.fleets()]
     end = max([f.run_step for f in facts.values()] + [1])
     name = title or next((s.link.get("run_name") for s in segments if s.link.get("run_name")), None) or "run"
@@ -87,6 +90,16 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
         _fleet_section(fleets, {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets}),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
+
+
+def _journals(store: RecordStore) -> list[TrackingJournal]:
+    """The run's MLflow journals; none (said once) when one cannot be read: the page is drawn
+    without the loop's metrics rather than not at all."""
+    try:
+        return read_journals(store)
+    except JournalError as e:
+        logger.warning("run.html: %s; the page shows no loop metrics", e)
+        return []
 
 
 # ------------------------------------------------------------------ the whole run's facts
@@ -206,14 +219,14 @@ def _rows(spans: list[tuple[int, int]]) -> list[int]:
 
 # ------------------------------------------------------------------ the loop's metrics and the loss
 def _metrics_section(
-    journals: list[dict[str, Any]], rows: list[dict[str, Any]], segments: list[Segment], end: int
+    journals: list[TrackingJournal], rows: list[dict[str, Any]], segments: list[Segment], end: int
 ) -> str:
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for journal in journals:
-        for report in journal.get("reports", []):
-            for key, value in report.get("metrics", {}).items():
-                if isinstance(value, (int, float)) and not key.startswith("ormas/"):
-                    series[key].append((int(report["step"]), float(value)))
+        for report in journal.reports:
+            for key, value in report.metrics.items():
+                if not key.startswith("ormas/"):
+                    series[key].append((report.step, value))
     for row in rows:
         if isinstance(row["loss"], float) and row["run_step"] is not None:
             series[f"loss ({row['monitor']})"].append((row["run_step"], row["loss"]))

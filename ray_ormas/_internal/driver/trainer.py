@@ -6,10 +6,11 @@
     result.ormas.record_dir          # rank 0's record: diary.jsonl, metrics.jsonl, report.html, ...
 
 Everything that can be checked without a worker is checked in `__init__`, on the driver, before
-Ray starts anything: the strategy, every monitor option (ormas-monitor's own `MonitorConfig`
-validates the thresholds), `repair` with FSDP, SyncBatchNorm without GPUs, a global batch that
-does not split over the workers, the scaling and run configs, the loop's signature, and that the
-record's storage can be written (record/store.py).
+Ray starts anything (driver/arguments.py): the strategy, every monitor option (ormas-monitor's
+own `MonitorConfig` validates the thresholds), `repair` with FSDP, SyncBatchNorm without GPUs, a
+global batch that does not split over the workers, the scaling and run configs, the loop's
+signature, and that the record's storage can be written (record/store.py). `fit()` ends through
+one function, whether the training succeeded or failed (driver/wind_down.py).
 
 Hooks relied on (Ray Train V2):
 
@@ -34,7 +35,6 @@ import os
 import uuid
 from typing import Any, Callable, Iterator, Sequence
 
-import pyarrow.fs as pafs
 import ray
 from ormas_monitor import MonitorConfig
 from ray.train import Checkpoint, DataConfig, Result, RunConfig, ScalingConfig, ValidationConfig
@@ -45,44 +45,35 @@ from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
-from ray_ormas._internal.common.scaling import elastic_range
 from ray_ormas._internal.common.settings import (
     DEFAULT_SYNC_TIMEOUT_S,
     BatchSize,
     MonitorSettings,
     RepairMode,
-    check_strategy,
 )
+from ray_ormas._internal.driver.arguments import check_arguments, local_run_dir
 from ray_ormas._internal.driver.capacity import check_capacity
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
-from ray_ormas._internal.driver.failures import every_wrapped
-from ray_ormas._internal.driver.monitor_options import monitor_settings
-from ray_ormas._internal.driver.paths import resolve_location
 from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
-from ray_ormas._internal.driver.run_page import write_run_page
-from ray_ormas._internal.head.fleet_head import HANG_ERROR, FleetSpec
-from ray_ormas._internal.head.ledger import RunLedger
+from ray_ormas._internal.driver.wind_down import Ending, WoundDown, wind_down
+from ray_ormas._internal.head.fleet_head import FleetSpec
+from ray_ormas._internal.head.ledger import LedgerSnapshot, RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
-from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, WriterSpec
-from ray_ormas._internal.record.fleet_record import FleetSummary
+from ray_ormas._internal.head.mlflow_writer import WriterSpec
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
-from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.run_facts import run_facts, state_at_end, whole_run_counts
-from ray_ormas._internal.record.staging import sweep
-from ray_ormas._internal.record.store import RecordStore, resolve
+from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.seams.ray_train import (
     check_nccl_hang_env,
     head_node_resource,
     poll_interval_env,
     print_patch_env,
 )
-from ray_ormas._internal.tracking.values import absolute_store_uri, check_run_exists, mlflow_environment, shown
-from ray_ormas._internal.worker.adoption import check_frameworks
+from ray_ormas._internal.tracking.values import absolute_store_uri, mlflow_environment
 from ray_ormas._internal.worker.loop import wrap_train_loop
 from ray_ormas._internal.worker.plan import WorkerPlan
 from ray_ormas.errors import OptionError, OptionTypeError, RaySeamChanged
 
-FINISH_TIMEOUT_S = 300  # the writer's last sync and uploads, plus a few requests' timeouts
 POLL_INTERVAL_S = 0.5  # Ray Train's controller polls its workers this often in a ray-ormas fit (Ray's default: 2 s)
 
 logger = get_logger("ray_ormas.trainer")
@@ -172,115 +163,57 @@ class RayOrmasTrainer:
     ) -> None:
         if unknown:
             raise OptionTypeError(_unknown_options(unknown))
-        _check_loop(train_loop_per_worker)
-        if train_loop_config is not None and not isinstance(train_loop_config, dict):
-            raise OptionTypeError(f"train_loop_config must be a dict (or None), got {type(train_loop_config).__name__}")
-        self.strategy = check_strategy(strategy)
-        self.settings = monitor_settings(
-            monitor,
-            repair=repair,
-            check_every=check_every,
-            monitor_config=monitor_config,
-            layers=layers,
-            verbose=verbose,
-            report_every=report_every,
-            sync_timeout_s=sync_timeout_s,
-            progress=progress,
-            auto_monitor=auto_monitor,
-            ray_report_lines=ray_report_lines,
-        )
-        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig(num_workers=1)
-        if not isinstance(self.scaling_config, ScalingConfig):
-            raise OptionTypeError(
-                f"scaling_config must be a ray.train.ScalingConfig, got {type(scaling_config).__name__}"
-            )
-        self.elastic = elastic_range(self.scaling_config.num_workers, "ScalingConfig(num_workers=...)")
-        workers = self.elastic[1] if self.elastic is not None else self.scaling_config.num_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise OptionError(
-                f"ScalingConfig.num_workers must be an int >= 1, or 0 for Ray Train's local mode (the "
-                f"loop in this process, for debugging), got {workers!r}"
-            )
-        if self.strategy == "fsdp" and workers == 0:
-            raise OptionError(
-                "strategy='fsdp' needs a process group, and Ray Train's local mode (num_workers=0) runs "
-                "the loop in this process without one: debug with strategy='ddp' (one process, the model "
-                "left unwrapped), or give num_workers >= 1"
-            )
-        if self.strategy == "fsdp" and self.settings.repair:
-            raise OptionError(
-                "repair is not possible with strategy='fsdp': FSDP shards the parameters, so whole "
-                "filters can be neither read nor rewritten (ormas-monitor refuses it once the model "
-                "is wrapped). Use repair=False: gradient alarms, loss checks and the record still "
-                "work; or strategy='ddp' to repair"
-            )
-        if not isinstance(sync_batchnorm, bool):
-            raise OptionTypeError(f"sync_batchnorm must be True or False, got {sync_batchnorm!r}")
-        if sync_batchnorm and self.strategy != "ddp":
-            raise OptionError(
-                "sync_batchnorm=True applies to strategy='ddp' (it converts BatchNorm layers before "
-                "DDP wraps the model); with FSDP keep BatchNorm as it is or convert it yourself"
-            )
-        if sync_batchnorm and not self.scaling_config.use_gpu:
-            raise OptionError(
-                "sync_batchnorm=True needs GPU workers: torch refuses SyncBatchNorm on CPU "
-                "('SyncBatchNorm layers only work with GPU modules'). Set ScalingConfig(use_gpu=True), "
-                "or leave sync_batchnorm=False on CPU"
-            )
-        self.sync_batchnorm = sync_batchnorm
-        if batch is not None and not isinstance(batch, BatchSize):
-            raise OptionTypeError(
-                f"batch must be a ray_ormas.BatchSize(size, per='rank'|'global', accumulation=1), "
-                f"got {type(batch).__name__}"
-            )
-        self.world_size = max(workers, 1)  # local mode (0 workers): the driver is rank 0; elastic: the maximum
-        self.batches = _batch_splits(batch, self.world_size, self.elastic)  # refuses an uneven split
-        self.run_config = run_config if run_config is not None else RunConfig()
-        if not isinstance(self.run_config, RunConfig):
-            raise OptionTypeError(f"run_config must be a ray.train.RunConfig, got {type(run_config).__name__}")
-        self.run_config = _with_absolute_storage_path(self.run_config)
-        if record_dir is not None:
-            resolved = resolve_location(record_dir, "record_dir")
-            if resolved.note:
-                logger.warning("%s", resolved.note)
-            record_dir = resolved.location
-        self.store = RecordStore.for_run(self.run_config, record_dir)
-        self.store.check_writable()
-        self._continuation: Continuation | None = None
-        self._continuation_said = False
-        if mlflow is True:
-            mlflow = MLflowSettings()
-        if mlflow is not False and not isinstance(mlflow, MLflowSettings):
-            raise OptionTypeError(
-                f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}"
-            )
-        self.mlflow: MLflowSettings | None = mlflow if mlflow and mlflow.enabled else None
-        if self.mlflow is not None and self.mlflow.run_id is not None:
-            check_run_exists(self.mlflow, self._run_dir())
-        self.fleet = _fleet_settings(fleet, self.world_size, self.scaling_config.use_gpu)
-        self.frameworks = check_frameworks(train_loop_per_worker) if self.settings.auto_monitor else ()
-        self.train_loop_per_worker = train_loop_per_worker
-        self.train_loop_config = train_loop_config
-        self.torch_config = torch_config
-        self.datasets = datasets
-        self.passed_through = {
+        passed_through = {
             "dataset_config": dataset_config,
             "validation_config": validation_config,
             "metadata": metadata,
             "resume_from_checkpoint": resume_from_checkpoint,
         }
-        # Ray Train checks its own arguments when a TorchTrainer is built (and refuses some, e.g.
-        # V2's DeprecationWarning for metadata and resume_from_checkpoint): build one now, on the
-        # driver, so that its errors come before anything starts. fit() builds the one that runs.
-        TorchTrainer(
+        checked = check_arguments(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
-            torch_config=torch_config,
-            scaling_config=self.scaling_config,
-            run_config=self.run_config,
-            datasets=datasets,
-            **self.passed_through,
+            monitor=monitor,
+            monitor_options={
+                "repair": repair,
+                "check_every": check_every,
+                "monitor_config": monitor_config,
+                "layers": layers,
+                "verbose": verbose,
+                "report_every": report_every,
+                "sync_timeout_s": sync_timeout_s,
+                "progress": progress,
+                "auto_monitor": auto_monitor,
+                "ray_report_lines": ray_report_lines,
+            },
+            strategy=strategy,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            record_dir=record_dir,
+            sync_batchnorm=sync_batchnorm,
+            batch=batch,
+            mlflow=mlflow,
+            fleet=fleet,
+            torch_trainer_arguments={"torch_config": torch_config, "datasets": datasets, **passed_through},
         )
+        self.strategy = checked.strategy
+        self.settings = checked.settings
+        self.scaling_config = checked.scaling_config
+        self.elastic = checked.elastic
+        self.world_size = checked.world_size
+        self.sync_batchnorm = checked.sync_batchnorm
+        self.batches = checked.batches
+        self.run_config = checked.run_config
+        self.store = checked.store
+        self.mlflow = checked.mlflow
+        self.fleet = checked.fleet
+        self.frameworks = checked.frameworks
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.torch_config = torch_config
+        self.datasets = datasets
+        self.passed_through = passed_through
+        self._continuation: Continuation | None = None
+        self._continuation_said = False
 
     def fit(self) -> RayOrmasResult:
         """Run the training; return Ray's Result with `.ormas` added.
@@ -351,35 +284,33 @@ class RayOrmasTrainer:
             if local and not interrupted:  # the loop's own error, raised here unchanged: tell the ledger
                 with contextlib.suppress(Exception):
                     ray.get(callback.forward_exception({0: e}), timeout=60)
-            if not interrupted:
-                _sweep_staging(ledger, self.store)
-            _tell_where_the_record_is(ledger, self.store)
-            hang = _hang_error(e)
-            if hang is not None:
-                ledger.fleet_error.remote(hang)
-            _finish_fleet(ledger)
-            _write_run_page(self.store)
-            self._finish_tracking(ledger, "KILLED" if interrupted else "FAILED", e, None)
+            with contextlib.suppress(Exception):  # the training error propagates as it is, whatever happens here
+                wind_down(ledger, self.store, self.mlflow, Ending("KILLED" if interrupted else "FAILED", error=e))
             raise
         else:
-            snapshot = ray.get(ledger.snapshot.remote(), timeout=60)
-            staging_left = sweep(self.store, snapshot["staged"])
-            fleet_summary = _finish_fleet(ledger)
-            run_page = _write_run_page(self.store)  # before the MLflow run closes: its last sync uploads it
-            outcome = self._finish_tracking(
-                ledger, "FINISHED", None, result.checkpoint.path if result.checkpoint else None
-            )
+            checkpoint = result.checkpoint.path if result.checkpoint else None
+            ended = wind_down(ledger, self.store, self.mlflow, Ending("FINISHED", checkpoint=checkpoint))
         finally:
             ray.kill(ledger, no_restart=True)
+        return self._result(result, ended, continuation)
+
+    def _result(self, result: Result, ended: WoundDown, continuation: Continuation | None) -> RayOrmasResult:
+        """Ray's Result, every field as Ray set it, and `ormas` (an OrmasRun) from the fit's end."""
         fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(Result) if f.init}
         run = dataclasses.replace(
-            _ormas_run(snapshot, self.store), fleet=fleet_summary, not_uploaded=staging_left, run_page=run_page
+            _ormas_run(ended.snapshot, self.store),
+            fleet=ended.fleet,
+            not_uploaded=ended.not_uploaded,
+            run_page=ended.run_page,
         )
-        if continuation is not None and _trained_nothing(snapshot):
+        if continuation is not None and _trained_nothing(ended.snapshot):
             logger.warning("%s", continuation.nothing_trained())
-        if outcome is not None:
+        if ended.tracking is not None:
             run = dataclasses.replace(
-                run, mlflow_run_id=outcome.run_id, tracking_uri=outcome.tracking_uri, mlflow_complete=outcome.complete
+                run,
+                mlflow_run_id=ended.tracking.run_id,
+                tracking_uri=ended.tracking.tracking_uri,
+                mlflow_complete=ended.tracking.complete,
             )
         return RayOrmasResult(**fields, ormas=run)
 
@@ -423,66 +354,9 @@ class RayOrmasTrainer:
             fit_id=fit_id,
             run_name=rc.name,
             params=params,
-            run_dir=self._run_dir(),
+            run_dir=local_run_dir(self.run_config),
             environment=mlflow_environment(),
         )
-
-    def _run_dir(self) -> str | None:
-        """The run's folder when its storage is local (home of the embedded MLflow store)."""
-        fs, base = resolve(self.run_config.storage_path, self.run_config.storage_filesystem)
-        return os.path.join(base, self.run_config.name) if isinstance(fs, pafs.LocalFileSystem) else None
-
-    def _finish_tracking(
-        self, ledger: Any, status: str, error: BaseException | None, checkpoint: str | None
-    ) -> TrackingOutcome | None:
-        """Close the run (FINISHED, FAILED or KILLED); say once if MLflow could not take it all."""
-        s = self.mlflow
-        if s is None:
-            return None
-        text = f"{type(error).__name__}: {error}" if error is not None else None
-        try:
-            outcome = ray.get(
-                ledger.finish_tracking.remote(status, text, checkpoint),
-                timeout=FINISH_TIMEOUT_S + 30 * s.request_timeout_s,
-            )
-        except Exception as e:  # the ledger is gone or too slow: the journal and record remain
-            outcome = TrackingOutcome(None, None, complete=False, error=f"{type(e).__name__}: {e}"[:300])
-        if not outcome.complete:
-            logger.warning(
-                "the MLflow run %s is incomplete: %s could not take the rest (%s). Training "
-                "and the record are unaffected; `ray-ormas mlflow-sync %s` brings the run up to date "
-                "from the record when the tracker is back",
-                outcome.run_id or "(not created yet)",
-                shown(outcome.tracking_uri or s.tracking_uri or "MLflow"),
-                outcome.error,
-                self.store.shown(),
-            )
-        return outcome
-
-
-def _batch_splits(
-    batch: BatchSize | None, world_size: int, elastic: tuple[int, int] | None
-) -> dict[int, dict[str, Any]] | None:
-    """The batch at each world size the fit may run at (driver side, before anything starts): at
-    the one size of a fixed fit, where an uneven global split is refused; at every size of an
-    elastic range, by the rule of `BatchSize.elastic_splits` (docs/elastic.md), saying which
-    sizes train on a smaller effective batch."""
-    if batch is None:
-        return None
-    if elastic is None:
-        return {world_size: batch.to_dict(world_size)}
-    splits = batch.elastic_splits(*elastic, option="ScalingConfig(num_workers=...) (scaling.workers in a YAML config)")
-    rounded = {w: s["effective"] for w, s in splits.items() if s.get("rounded")}
-    if rounded:
-        logger.warning(
-            "a global batch of %d does not split evenly at %s: at those sizes each rank loads %s, so the "
-            "optimizer step sees %s samples; each segment records its own split (docs/elastic.md)",
-            batch.size,
-            " or ".join(f"{w} workers" for w in rounded),
-            " / ".join(str(splits[w]["per_rank"]) for w in rounded),
-            " / ".join(str(e) for e in rounded.values()),
-        )
-    return splits
 
 
 def _batch_params(batches: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
@@ -498,28 +372,6 @@ def _batch_params(batches: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
         "per_rank": {str(w): s["per_rank"] for w, s in batches.items()},
         "effective": {str(w): s["effective"] for w, s in batches.items()},
     }
-
-
-def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | None:
-    """The fit's fleet settings, or None when fleet health is off (checked on the driver)."""
-    if fleet is True:
-        fleet = FleetSettings() if workers > 1 else None
-    elif fleet is False or isinstance(fleet, FleetSettings) and not fleet.enabled:
-        return None
-    elif not isinstance(fleet, FleetSettings):
-        raise OptionTypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
-    elif workers == 1:
-        logger.warning(
-            "fleet health compares the ranks with each other; with one worker there is "
-            "nothing to compare, so it is off (the monitor still records rank 0's non-finite values)"
-        )
-        return None
-    if fleet is not None and fleet.nccl_hang_detector != "off" and not use_gpu:
-        raise OptionError(
-            f"fleet nccl_hang_detector={fleet.nccl_hang_detector!r} watches NCCL communicators, which "
-            f"only GPU workers have: set ScalingConfig(use_gpu=True), or leave it 'off' on CPU (gloo)"
-        )
-    return fleet
 
 
 @contextlib.contextmanager
@@ -548,43 +400,6 @@ def _poll_interval() -> dict[str, str]:
         return {}
 
 
-def _hang_error(error: BaseException) -> str | None:
-    """'NCCLHangError: ...' when Ray's NCCL hang detector ended the fit, else None."""
-    hang = next((e for e in every_wrapped(error) if type(e).__name__ == HANG_ERROR), None)
-    return None if hang is None else f"{type(hang).__name__}: {hang}"[:2000]
-
-
-def _sweep_staging(ledger: Any, store: RecordStore) -> None:
-    """After a failed fit: upload what rank 0 staged but could not upload (record/staging.py)."""
-    try:
-        sweep(store, ray.get(ledger.snapshot.remote(), timeout=10)["staged"], timeout_s=60)
-    except Exception as e:  # only a courtesy on the way out: the training error propagates as it is
-        logger.warning("could not check rank 0's staged record (%s: %s)", type(e).__name__, e)
-
-
-def _write_run_page(store: RecordStore) -> str | None:
-    """The run on one page, in the record (driver/run_page.py); never in the way of the fit."""
-    try:
-        return write_run_page(RunRecords(store))
-    except Exception as e:
-        logger.warning(
-            "could not write the run's page (run.html) in %s (%s: %s); `ray-ormas report %s` writes it again",
-            store.shown(),
-            type(e).__name__,
-            e,
-            store.shown(),
-        )
-        return None
-
-
-def _finish_fleet(ledger: Any) -> FleetSummary | None:
-    try:
-        return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
-    except Exception as e:  # the record stays as written; training is not affected
-        logger.warning("could not finish the fleet record (%s: %s)", type(e).__name__, e)
-        return None
-
-
 def _print_once(worker_runtime_env: Any) -> Any:
     """The workers' runtime environment with Ray Train's print patch off (seams/ray_train.py): in
     Ray 2.60 it writes every line a worker prints to the console twice. A value the user set, in
@@ -608,20 +423,6 @@ def _say_once(message: str) -> None:
     logger.warning("%s", message)
 
 
-def _with_absolute_storage_path(run_config: RunConfig) -> RunConfig:
-    """The run config with a local storage path made absolute (driver/paths.py); a path on a
-    filesystem the user gave (other than the local one) is left as it is."""
-    fs = run_config.storage_filesystem
-    if fs is not None and not isinstance(fs, pafs.LocalFileSystem):
-        return run_config
-    resolved = resolve_location(run_config.storage_path, "RunConfig(storage_path=...)")
-    if resolved.note:
-        logger.warning("%s", resolved.note)
-    if resolved.location == run_config.storage_path:
-        return run_config
-    return dataclasses.replace(run_config, storage_path=resolved.location)
-
-
 def _on_head_node() -> dict[str, Any]:
     """Actor options that keep the ledger on the head node (as Ray Train keeps its own state
     actor), so that losing a worker node never takes it along; else near the driver. An explicit
@@ -633,17 +434,15 @@ def _on_head_node() -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
 
 
-def _trained_nothing(snapshot: dict[str, Any]) -> bool:
+def _trained_nothing(snapshot: LedgerSnapshot) -> bool:
     """The fit's last attempt made no optimizer step on any rank (its final report says so)."""
-    reports = snapshot["reports"]
-    steps = reports[-1][0].get(keys.STEPS_PER_RANK) if reports else None
+    steps = snapshot.final.get(keys.STEPS_PER_RANK)
     return isinstance(steps, list) and bool(steps) and not any(steps)
 
 
-def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
-    reports = snapshot["reports"]
-    final = dict(reports[-1][0]) if reports else {}
-    records: dict[str, str] = dict(snapshot["records"])
+def _ormas_run(snapshot: LedgerSnapshot, store: RecordStore) -> OrmasRun:
+    final = snapshot.final
+    records = dict(snapshot.records)
     main = records.get(DEFAULT_MONITOR_NAME, next(iter(records.values()), None))
     record_dir = store.local_path(main) if main is not None else None
     report = record_dir / REPORT if record_dir is not None and final.get(keys.PREFIX + keys.REPORT_PATH) else None
@@ -667,38 +466,9 @@ def _ormas_run(snapshot: dict[str, Any], store: RecordStore) -> OrmasRun:
         report=report,
         final=final,
         segments=segments,
-        reports=reports,
-        worker_errors=snapshot["exceptions"],
+        reports=snapshot.reports,
+        worker_errors=snapshot.exceptions,
     )
-
-
-def _tell_where_the_record_is(ledger: Any, store: RecordStore) -> None:
-    try:
-        records = ray.get(ledger.snapshot.remote(), timeout=10)["records"]
-    except Exception:  # only a hint on the way out; the training error must propagate as it is
-        return
-    for name, path in records.items():
-        logger.warning(
-            "training failed; the record of monitor %r is at %s (as of its last checkpoint, or "
-            "complete with the error in its run_end if rank 0 could close it)",
-            name,
-            store.shown(path),
-        )
-
-
-def _check_loop(fn: Any) -> None:
-    if not callable(fn):
-        raise OptionTypeError(f"train_loop_per_worker must be a function fn() or fn(config), got {type(fn).__name__}")
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return
-    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) > 1 and len(required) > 1:
-        raise OptionTypeError(
-            f"train_loop_per_worker must take no argument or one (the train_loop_config dict); "
-            f"{getattr(fn, '__name__', fn)} takes {[p.name for p in params]}"
-        )
 
 
 def _unknown_options(unknown: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.fleet.facts import RankFacts
 
 KEEP_PENDING_CHECKS = 8  # checks waiting for missing ranks are dropped beyond this many
 
@@ -64,10 +65,10 @@ class FleetAnalyzer:
     settings: FleetSettings
     world: int  # the ranks of a check when its facts do not say (an elastic fit's say, per attempt)
     compare_digests: bool  # DDP: replicas must agree
-    _pending: dict[tuple[int, int], dict[int, dict[str, Any]]] = field(default_factory=dict)
+    _pending: dict[tuple[int, int], dict[int, RankFacts]] = field(default_factory=dict)
     _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
     _offsets: dict[int, int] = field(default_factory=dict)
-    _group_names: dict[int, list[list[str]]] = field(default_factory=dict)
+    _group_names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     _diverged: bool = False
     _nonfinite: bool = False
     dropped_checks: int = 0
@@ -76,14 +77,14 @@ class FleetAnalyzer:
         """The run step at which attempt `attempt` started (rank 0's record says so)."""
         self._offsets[attempt] = offset
 
-    def add(self, attempt: int, facts: dict[str, Any]) -> CheckOutcome | None:
+    def add(self, attempt: int, facts: RankFacts) -> CheckOutcome | None:
         """One rank's facts at one check; the check's outcome once every rank's are in."""
-        if "group_names" in facts:
-            self._group_names.setdefault(attempt, facts["group_names"])
-        key = (attempt, int(facts["check"]))
+        if facts.group_names is not None:
+            self._group_names.setdefault(attempt, facts.group_names)
+        key = (attempt, facts.check)
         got = self._pending.setdefault(key, {})
-        got[int(facts["rank"])] = facts
-        if len(got) < int(facts.get("world") or self.world):  # the ranks of this attempt
+        got[facts.rank] = facts
+        if len(got) < (facts.world or self.world):  # the ranks of this attempt
             if len(self._pending) > KEEP_PENDING_CHECKS:
                 oldest = min(self._pending)
                 del self._pending[oldest]
@@ -93,20 +94,20 @@ class FleetAnalyzer:
         return self._evaluate(attempt, key[1], [got[r] for r in sorted(got)])
 
     # ------------------------------------------------------------------ one complete check
-    def _evaluate(self, attempt: int, check: int, facts: list[dict[str, Any]]) -> CheckOutcome:
-        step = int(facts[0]["step"])
+    def _evaluate(self, attempt: int, check: int, facts: list[RankFacts]) -> CheckOutcome:
+        step = facts[0].step
         run_step = step + self._offsets.get(attempt, 0)
         rows = [
             {
-                "rank": f["rank"],
-                "node": f.get("node"),
-                "data_s": f.get("data_s"),
-                "forward_s": f.get("forward_s"),
-                "wall_s": f.get("wall_s"),
-                "timed_steps": f.get("timed_steps"),
-                "loss": f.get("loss"),
-                "nonfinite": bool(f.get("nonfinite_loss") or f.get("nonfinite_layers")),
-                "digest": f.get("digest"),
+                "rank": f.rank,
+                "node": f.node,
+                "data_s": f.data_s,
+                "forward_s": f.forward_s,
+                "wall_s": f.wall_s,
+                "timed_steps": f.timed_steps,
+                "loss": f.loss,
+                "nonfinite": f.nonfinite_loss or bool(f.nonfinite_layers),
+                "digest": f.digest,
                 "relative_score": None,
                 "individual_score": None,
                 "slow": False,
@@ -198,10 +199,10 @@ class FleetAnalyzer:
                 )
         return alarms
 
-    def _divergence(self, attempt: int, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
+    def _divergence(self, attempt: int, facts: list[RankFacts], where: dict[str, Any]) -> list[dict[str, Any]]:
         groups: dict[str | None, list[int]] = {}
         for f in facts:
-            groups.setdefault(f.get("digest"), []).append(int(f["rank"]))
+            groups.setdefault(f.digest, []).append(f.rank)
         if len(groups) <= 1:
             if self._diverged:
                 self._diverged = False
@@ -221,9 +222,9 @@ class FleetAnalyzer:
         # The majority's digest; on a tie, rank 0's.
         majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
         odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
-        by_rank = {int(f["rank"]): f for f in facts}
+        by_rank = {f.rank: f for f in facts}
         layer = self._first_difference(attempt, by_rank[groups[majority][0]], by_rank[odd[0]])
-        nodes = sorted({str(by_rank[r].get("node")) for r in odd})
+        nodes = sorted({str(by_rank[r].node) for r in odd})
         at = f", first in {layer}" if layer else ""
         return [
             {
@@ -238,9 +239,9 @@ class FleetAnalyzer:
             }
         ]
 
-    def _first_difference(self, attempt: int, a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    def _first_difference(self, attempt: int, a: RankFacts, b: RankFacts) -> str | None:
         names = self._group_names.get(attempt)
-        for i, (x, y) in enumerate(zip(a.get("groups") or [], b.get("groups") or [])):
+        for i, (x, y) in enumerate(zip(a.groups, b.groups)):
             if x != y:
                 if names is None or i >= len(names):
                     return f"parameter group {i}"
@@ -248,9 +249,9 @@ class FleetAnalyzer:
                 return _layer(first) if first == last else f"one of {first} ... {last}"
         return None
 
-    def _nonfinite_alarm(self, facts: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
-        by_loss = [f for f in facts if f.get("nonfinite_loss")]
-        by_grad = [f for f in facts if f.get("nonfinite_layers")]
+    def _nonfinite_alarm(self, facts: list[RankFacts], where: dict[str, Any]) -> list[dict[str, Any]]:
+        by_loss = [f for f in facts if f.nonfinite_loss]
+        by_grad = [f for f in facts if f.nonfinite_layers]
         culprits = by_loss or by_grad
         if not culprits:
             self._nonfinite = False
@@ -258,10 +259,10 @@ class FleetAnalyzer:
         if self._nonfinite:
             return []
         self._nonfinite = True
-        ranks = sorted(int(f["rank"]) for f in culprits)
-        layers: list[str] = next((f["nonfinite_layers"] for f in culprits if f.get("nonfinite_layers")), [])
+        ranks = sorted(f.rank for f in culprits)
+        layers = list(next((f.nonfinite_layers for f in culprits if f.nonfinite_layers), ()))
         source = "loss" if by_loss else "gradients"
-        nodes = sorted({str(f.get("node")) for f in culprits})
+        nodes = sorted({str(f.node) for f in culprits})
         detail = f"; non-finite gradients in {', '.join(layers)}" if layers else ""
         everyone = " (every rank)" if len(ranks) == len(facts) and len(facts) > 1 else ""
         return [

@@ -23,6 +23,7 @@ from typing import Any
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
+from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.record.fleet_record import (
     CHECK_FIELDS,
     FleetRecordWriter,
@@ -119,7 +120,7 @@ class FleetHead:
             )
         self._record.append("attempts", [line], urgent=True)
 
-    def facts(self, attempt: int, facts: dict[str, Any]) -> None:
+    def facts(self, attempt: int, facts: RankFacts) -> None:
         """One rank's facts at one check (worker/fleet_probe.py)."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:

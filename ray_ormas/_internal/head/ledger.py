@@ -42,11 +42,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from ray_ormas._internal.common.meetings import Arrival
+from ray_ormas._internal.fleet.facts import RankFacts
+
+if TYPE_CHECKING:  # built inside the actor, on the head node, only when asked for
+    from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
+    from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, TrackingWriter, WriterSpec
+    from ray_ormas._internal.record.fleet_record import FleetSummary
+    from ray_ormas._internal.record.staging import Staging
 
 
 @dataclass
@@ -55,18 +62,34 @@ class _Meeting:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """What the driver reads back from the ledger (`RunLedger.snapshot`), at the fit's end or
+    on its way out."""
+
+    reports: list[list[dict[str, Any]]]  # per `ray.train.report`, each rank's metrics (index = world rank)
+    exceptions: list[dict[int, str]]  # per failed attempt, each failing rank's error
+    records: dict[str, str]  # monitor name -> its record folder
+    staged: list[Staging]  # segments still staged on a node (object storage), to sweep
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """Rank 0's metrics of the last report ({} before the first)."""
+        return dict(self.reports[-1][0]) if self.reports and self.reports[-1] else {}
+
+
 @ray.remote(num_cpus=0)
 class RunLedger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
 
-    def __init__(self, tracking: Any = None, fleet: Any = None) -> None:
-        self._tracking = None
-        if tracking is not None:  # a WriterSpec: the fit is tracked in MLflow
+    def __init__(self, tracking: WriterSpec | None = None, fleet: FleetSpec | None = None) -> None:
+        self._tracking: TrackingWriter | None = None
+        if tracking is not None:  # the fit is tracked in MLflow
             from ray_ormas._internal.head.mlflow_writer import TrackingWriter
 
             self._tracking = TrackingWriter(tracking)
-        self._fleet = None
-        if fleet is not None:  # a FleetSpec: fleet health is on (head/fleet_head.py)
+        self._fleet: FleetHead | None = None
+        if fleet is not None:  # fleet health is on (head/fleet_head.py)
             from ray_ormas._internal.head.fleet_head import FleetHead
 
             self._fleet = FleetHead(fleet, self._tracking)
@@ -74,7 +97,7 @@ class RunLedger:
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
         self._records: dict[str, str] = {}
-        self._staged: list[Any] = []  # staging.Staging of every segment on object storage
+        self._staged: list[Staging] = []  # every segment staged on a node (object storage)
         self._rank0_closing: dict[str, asyncio.Event] = {}
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
@@ -97,7 +120,7 @@ class RunLedger:
             attempt = self.begin_attempt(token)
             self._fleet.offset(attempt, offset, self._worlds.get(attempt))
 
-    def fleet_facts(self, token: str, facts: dict[str, Any]) -> None:
+    def fleet_facts(self, token: str, facts: RankFacts) -> None:
         """One rank's facts at one check."""
         if self._fleet is not None:
             self._fleet.facts(self.begin_attempt(token), facts)
@@ -112,8 +135,8 @@ class RunLedger:
         if self._fleet is not None:
             self._fleet.hang(max(len(self._attempts) - 1, 0), error, [])
 
-    async def finish_fleet(self) -> Any:
-        """The fit ended: the fleet's summary (a FleetSummary), or None when fleet health is off."""
+    async def finish_fleet(self) -> FleetSummary | None:
+        """The fit ended: the fleet's summary, or None when fleet health is off."""
         if self._fleet is None:
             return None
         return await asyncio.to_thread(self._fleet.finish)
@@ -165,7 +188,7 @@ class RunLedger:
     def set_record(self, monitor: str, path: str) -> None:
         self._records[monitor] = path
 
-    def add_staging(self, staging: Any) -> None:
+    def add_staging(self, staging: Staging) -> None:
         """Rank 0 stages a segment on its node (object storage): swept at the end (record/staging.py)."""
         self._staged.append(staging)
 
@@ -173,13 +196,13 @@ class RunLedger:
         """Rank 0 uploaded the closed segment and removed its staging folder."""
         self._staged = [s for s in self._staged if s.segment_path != segment_path]
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "reports": self._reports,
-            "exceptions": self._exceptions,
-            "records": dict(self._records),
-            "staged": list(self._staged),
-        }
+    def snapshot(self) -> LedgerSnapshot:
+        return LedgerSnapshot(
+            reports=list(self._reports),
+            exceptions=list(self._exceptions),
+            records=dict(self._records),
+            staged=list(self._staged),
+        )
 
     # -------------------------------------------------------------- MLflow (head/mlflow_writer.py)
     def track_rows(self, prefix: str, offset: int, kind: str, payload: dict[str, Any]) -> None:
@@ -198,8 +221,10 @@ class RunLedger:
         if self._tracking is not None:
             self._tracking.attempt_ended()
 
-    async def finish_tracking(self, status: str, error: str | None, final_checkpoint: str | None) -> Any:
-        """The fit ended: the writer's last sync (a TrackingOutcome), or None when not tracked."""
+    async def finish_tracking(
+        self, status: str, error: str | None, final_checkpoint: str | None
+    ) -> TrackingOutcome | None:
+        """The fit ended: the writer's last sync, or None when not tracked."""
         if self._tracking is None:
             return None
         return await asyncio.to_thread(self._tracking.finish, status, error, final_checkpoint)

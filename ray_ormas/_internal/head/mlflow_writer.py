@@ -10,7 +10,7 @@ only process that talks to MLflow.
 Living in the ledger's process costs the start of the fit no process of its own. Calls only
 append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values; beyond it
 the oldest are dropped from memory and come back from the record at the end) and to the
-tracking journal in the run's storage (tracking/sync.py). One sender thread names rank 0's rows
+tracking journal in the run's storage (tracking/journal.py). One sender thread names rank 0's rows
 (ormas-monitor's MLflowSink, through seams/ormas.py), creates the run and sends the outbox in
 batches, about once a second. While the fit starts it imports mlflow at a low priority (taking
 the CPU the start-up leaves idle); it creates the store and the run only after rank 0's first
@@ -28,7 +28,6 @@ hold them).
 
 from __future__ import annotations
 
-import copy
 import os
 import posixpath
 import shutil
@@ -48,6 +47,7 @@ from ray_ormas._internal.common.mlflow_settings import MLflowSettings
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.segments import record_pointer
 from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.tracking.journal import JournalCheckpoint, JournalReport, TrackingJournal
 from ray_ormas._internal.tracking.sqlite_seed import seed_new_store
 from ray_ormas._internal.tracking.sync import (
     Entry,
@@ -122,7 +122,7 @@ class TrackingWriter:
         self._attempt = 0
         self._closed = False
         self._client: Any = None
-        self._opened = False
+        self._run_id: str | None = None  # the run, once open
         self._outage: str | None = None
         self._journal_failed = False
         self._wake = threading.Event()
@@ -170,13 +170,13 @@ class TrackingWriter:
         with self._lock:
             j = self._journal
             if step is None:
-                step = len(j["reports"])
-            j["reports"].append({"step": int(step), "attempt": self._attempt, "metrics": kept})
-            j["skipped_metrics"] = sorted(set(j["skipped_metrics"]) | set(skipped))
+                step = len(j.reports)
+            j.reports.append(JournalReport(step=int(step), attempt=self._attempt, metrics=kept))
+            j.skipped_metrics = sorted(set(j.skipped_metrics) | set(skipped))
             entries = [(k, v, int(step)) for k, v in kept.items()]
             if checkpoint is not None:
-                j["checkpoints"].append(
-                    {"step": int(step), "path": checkpoint.path, "record": pointer, "metrics": kept}
+                j.checkpoints.append(
+                    JournalCheckpoint(step=int(step), path=checkpoint.path, record=pointer, metrics=kept)
                 )
                 entries.append((keys.CHECKPOINT, 1.0, int(step)))
                 if staged is not None:
@@ -199,7 +199,8 @@ class TrackingWriter:
         segments (and the chosen checkpoints), set the final status. One try per request."""
         with self._lock:
             self._closed = True
-            self._journal.update(status=status, error=error, final_checkpoint=final_checkpoint)
+            self._journal.status, self._journal.error = status, error
+            self._journal.final_checkpoint = final_checkpoint
         self._save_journal()
         self._training.set()  # a sender still waiting for training: let it end
         with self._io:
@@ -208,7 +209,7 @@ class TrackingWriter:
                 return TrackingOutcome(result.run_id if result else None, self._uri, complete=True)
             except Exception as e:
                 return TrackingOutcome(
-                    self._journal.get("run_id"),
+                    self._journal.run_id,
                     self._uri,
                     complete=False,
                     error=f"{type(e).__name__}: {first_line(e)}",
@@ -280,19 +281,19 @@ class TrackingWriter:
         (`finished`), what the record and the journal hold that MLflow lacks. The journal is read
         together with the outbox, so nothing is sent twice."""
         self._name_rows()
-        client = self._mlflow()
+        client, run_id = self._mlflow()
         with self._lock:
             batch = list(self._outbox)
             journal = self._snapshot()
         for i in range(0, len(batch), 1000):
             chunk = batch[i : i + 1000]
-            send_entries(client, journal["run_id"], [e for e, _ in chunk], [t for _, t in chunk])
+            send_entries(client, run_id, [e for e, _ in chunk], [t for _, t in chunk])
             with self._lock:
                 for _ in chunk:
                     self._outbox.popleft()
         while self._uploads:
             staged, name = self._uploads[0]
-            upload_folder(client, journal["run_id"], pafs.LocalFileSystem(), str(staged), f"checkpoints/{name}")
+            upload_folder(client, run_id, pafs.LocalFileSystem(), str(staged), f"checkpoints/{name}")
             shutil.rmtree(staged, ignore_errors=True)
             with self._lock:
                 self._uploads.popleft()
@@ -319,27 +320,27 @@ class TrackingWriter:
                 self._outbox.extend((e, stamp) for e in entries)
                 self._trim(self._outbox)
 
-    def _mlflow(self) -> Any:
-        """The client, with the run open (created once, its id in the journal)."""
+    def _mlflow(self) -> tuple[Any, str]:
+        """The client and the run's id, with the run open (created once, its id in the journal)."""
         if self._client is None:
             from mlflow import MlflowClient
 
             seed_new_store(self._uri)  # a new local SQLite store starts as a copy, not a migration
             self._client = MlflowClient(tracking_uri=self._uri)
-        if not self._opened:
+        if self._run_id is None:
             with self._lock:
                 journal = self._snapshot()
             run_id = open_run(self._client, journal)
             with self._lock:
-                self._journal["run_id"] = run_id
+                self._journal.run_id = run_id
             self._save_journal()
-            self._opened = True
+            self._run_id = run_id
             logger.debug("MLflow run %s at %s", run_id, shown(self._uri))
-        return self._client
+        return self._client, self._run_id
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> TrackingJournal:
         """A copy of the journal (the caller holds `_lock`, or nothing else writes it yet)."""
-        return copy.deepcopy(self._journal)
+        return self._journal.model_copy(deep=True)
 
     def _save_journal(self) -> None:
         """Write the journal as it is now (the caller must not hold `_lock`)."""
@@ -348,7 +349,7 @@ class TrackingWriter:
                 journal = self._snapshot()
             self._write(journal)
 
-    def _write(self, journal: dict[str, Any]) -> None:
+    def _write(self, journal: TrackingJournal) -> None:
         try:
             write_journal(self._spec.store, journal)
         except Exception as e:  # storage trouble is the record's to report; MLflow goes on

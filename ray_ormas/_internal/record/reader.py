@@ -129,6 +129,12 @@ class Segment:
     link: dict[str, Any]
     events: int
     complete: bool  # its diary ends with run_end
+    error: str | None = None  # the error its run_end carries: the loop raised (None: it returned, or no run_end)
+
+    @property
+    def loop_ended(self) -> bool:
+        """The loop returned on rank 0 and the monitor closed: a run_end without an error."""
+        return self.complete and self.error is None
 
     @property
     def attempt(self) -> int | None:
@@ -188,6 +194,7 @@ class RunRecords:
                         link=read_link(self.store, path),
                         events=tail["events"],
                         complete=tail["complete"],
+                        error=tail["error"] if isinstance(tail["error"], str) else None,
                     )
                 )
         return out

@@ -44,13 +44,16 @@ LINK_VERSION = 1
 
 
 def diary_tail(data: bytes | None) -> dict[str, Any]:
-    """Events, last hash and completeness of a diary's bytes. A line cut short by a crash (no
-    newline, or not JSON) is not counted."""
-    events, last_hash, last_event = 0, None, None
+    """Events, last hash, completeness of a diary's bytes, and the error its `run_end` carries
+    (the loop raised; None when it returned, or when there is no run_end). A line cut short by a
+    crash (no newline, or not JSON) is not counted."""
+    events, last_hash, last = 0, None, {}
     for line in json_lines(data):
         if isinstance(line.get("hash"), str):
-            events, last_hash, last_event = events + 1, line["hash"], line.get("event")
-    return {"events": events, "last_hash": last_hash, "complete": last_event == "run_end"}
+            events, last_hash, last = events + 1, line["hash"], line
+    complete = last.get("event") == "run_end"
+    error = last.get("error") if complete else None
+    return {"events": events, "last_hash": last_hash, "complete": complete, "error": error}
 
 
 def segment_link(
@@ -68,9 +71,10 @@ def segment_link(
     earlier = store.segments(monitor)
     if earlier:
         last = earlier[-1]
+        tail = diary_tail(store.read_bytes(posixpath.join(last, DIARY)))
         previous = {
             "segment": posixpath.basename(last),
-            **diary_tail(store.read_bytes(posixpath.join(last, DIARY))),
+            **{k: tail[k] for k in ("events", "last_hash", "complete")},
         }
     pointer = ((resumed_from or {}).get("record") or {}).get(monitor) or {}
     return {

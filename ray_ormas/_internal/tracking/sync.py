@@ -48,9 +48,10 @@ from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import event_step
 from ray_ormas._internal.record.store import RecordStore
+from ray_ormas._internal.tracking.journal import JournalCheckpoint, TrackingJournal, parse_journal
 from ray_ormas._internal.tracking.values import PARAM_VALUE_LIMIT, TAG_VALUE_LIMIT, fit_params, flatten_params, shown
+from ray_ormas.errors import JournalError
 
-JOURNAL_FORMAT = "ray-ormas-mlflow"
 METRICS_PER_BATCH = 1000  # MLflow's limits per log_batch request
 PARAMS_PER_BATCH = 100
 MAX_DOUBLE = 1.7976931348623157e308
@@ -76,37 +77,31 @@ def new_journal(
     log_checkpoints: str,
     checkpoint_metric: str | None,
     checkpoint_mode: str,
-) -> dict[str, Any]:
+) -> TrackingJournal:
     values, cut = fit_params(flatten_params(params))
-    return {
-        "format": JOURNAL_FORMAT,
-        "version": 1,
-        "fit_id": fit_id,
-        "run_name": run_name,
-        "tracking_uri": tracking_uri,
-        "experiment": experiment,
-        "mlflow_run_name": mlflow_run_name,
-        "tags": {"ray_ormas.ray_run_name": run_name, **tags},
-        "params": values,
-        "truncated_params": cut,
-        "run_id": run_id,
-        "continued": run_id is not None,
-        "status": None,
-        "error": None,
-        "final_checkpoint": None,
-        "log_checkpoints": log_checkpoints,
-        "checkpoint_metric": checkpoint_metric,
-        "checkpoint_mode": checkpoint_mode,
-        "reports": [],
-        "skipped_metrics": [],
-        "checkpoints": [],
-    }
+    return TrackingJournal.model_validate(
+        {
+            "fit_id": fit_id,
+            "run_name": run_name,
+            "tracking_uri": tracking_uri,
+            "experiment": experiment,
+            "mlflow_run_name": mlflow_run_name,
+            "tags": {"ray_ormas.ray_run_name": run_name, **tags},
+            "params": values,
+            "truncated_params": cut,
+            "run_id": run_id,
+            "continued": run_id is not None,
+            "log_checkpoints": log_checkpoints,
+            "checkpoint_metric": checkpoint_metric,
+            "checkpoint_mode": checkpoint_mode,
+        }
+    )
 
 
-def write_journal(store: RecordStore, journal: dict[str, Any]) -> None:
+def write_journal(store: RecordStore, journal: TrackingJournal) -> None:
     """Write the journal whole (atomically: a temporary file renamed locally, one object elsewhere)."""
-    path = journal_path(store, journal["fit_id"])
-    data = (json.dumps(journal, indent=1, sort_keys=True) + "\n").encode()
+    path = journal_path(store, journal.fit_id)
+    data = (json.dumps(journal.to_json_dict(), indent=1, sort_keys=True) + "\n").encode()
     store.filesystem.create_dir(posixpath.dirname(path), recursive=True)
     if store.is_local:
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -116,8 +111,9 @@ def write_journal(store: RecordStore, journal: dict[str, Any]) -> None:
         store.write_bytes(path, data)
 
 
-def read_journals(store: RecordStore) -> list[dict[str, Any]]:
-    """Every fit's journal under a record root, oldest first."""
+def read_journals(store: RecordStore) -> list[TrackingJournal]:
+    """Every fit's journal under a record root, oldest first. JournalError for one this ray-ormas
+    cannot read (tracking/journal.py): a newer version, or damaged."""
     folder = posixpath.join(store.root, JOURNAL_DIR)
     try:
         infos = store.filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
@@ -126,19 +122,24 @@ def read_journals(store: RecordStore) -> list[dict[str, Any]]:
     out = []
     for info in infos:
         if info.type == pafs.FileType.File and info.base_name.endswith(".json"):
+            where = store.shown(info.path)
             try:
-                journal = json.loads(store.read_bytes(info.path) or b"")
-            except ValueError:
-                continue
-            if isinstance(journal, dict) and journal.get("format") == JOURNAL_FORMAT:
+                data = json.loads(store.read_bytes(info.path) or b"")
+            except ValueError as e:
+                raise JournalError(
+                    f"the MLflow journal {where} is not JSON ({e}). The record itself is not affected; "
+                    "move the file aside to sync the run's other fits, or restore it from a backup"
+                ) from None
+            journal = parse_journal(data, where)
+            if journal is not None:
                 out.append((info.mtime_ns or 0, journal))
     return [j for _, j in sorted(out, key=lambda t: t[0])]
 
 
 # ------------------------------------------------------------------ expected entries
-def loop_entries(journal: dict[str, Any]) -> list[Entry]:
-    out = [(k, float(v), int(r["step"])) for r in journal.get("reports", []) for k, v in r["metrics"].items()]
-    out += [(keys.CHECKPOINT, 1.0, int(c["step"])) for c in journal.get("checkpoints", [])]
+def loop_entries(journal: TrackingJournal) -> list[Entry]:
+    out = [(k, float(v), r.step) for r in journal.reports for k, v in r.metrics.items()]
+    out += [(keys.CHECKPOINT, 1.0, c.step) for c in journal.checkpoints]
     return out
 
 
@@ -243,32 +244,32 @@ def send_entries(client: Any, run_id: str, entries: list[Entry], timestamps: lis
 
 
 # ------------------------------------------------------------------ the run itself
-def open_run(client: Any, journal: dict[str, Any]) -> str:
+def open_run(client: Any, journal: TrackingJournal) -> str:
     """Create the journal's run (or take the existing one) and log its params and tags; return its
     id. Params already there keep their value (MLflow params are immutable); changes go in a tag."""
     from mlflow.entities import Param, RunTag
 
     existing: dict[str, str] = {}
-    run_id = journal.get("run_id")
+    run_id = journal.run_id
     if run_id:
         run = client.get_run(run_id)
         existing = dict(run.data.params)
-        if journal.get("continued") and journal.get("status") is None:
+        if journal.continued and journal.status is None:
             client.update_run(run_id, status="RUNNING")
     else:
-        exp = client.get_experiment_by_name(journal["experiment"])
+        exp = client.get_experiment_by_name(journal.experiment)
         if exp is not None:
             exp_id = exp.experiment_id
         else:
-            uri = journal["tracking_uri"]
+            uri = journal.tracking_uri
             location = (
                 None
                 if not uri.startswith("sqlite:")
                 else Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
             )
-            exp_id = client.create_experiment(journal["experiment"], artifact_location=location)
-        run_id = client.create_run(exp_id, run_name=journal["mlflow_run_name"], tags=journal["tags"]).info.run_id
-    params = journal["params"]
+            exp_id = client.create_experiment(journal.experiment, artifact_location=location)
+        run_id = client.create_run(exp_id, run_name=journal.mlflow_run_name, tags=journal.tags).info.run_id
+    params = journal.params
     changed = [k for k, v in params.items() if k in existing and existing[k] != v]
     items = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in params.items() if k not in existing]
     for i in range(0, len(items), PARAMS_PER_BATCH):
@@ -276,42 +277,65 @@ def open_run(client: Any, journal: dict[str, Any]) -> str:
     tags = [
         RunTag(t, ",".join(keys)[:TAG_VALUE_LIMIT])
         for t, keys in (
-            ("ray_ormas.truncated_params", journal.get("truncated_params")),
+            ("ray_ormas.truncated_params", journal.truncated_params),
             ("ray_ormas.changed_params", changed),
         )
         if keys
     ]
-    if journal.get("continued"):
-        tags += [RunTag(k, v) for k, v in journal["tags"].items()]
+    if journal.continued:
+        tags += [RunTag(k, v) for k, v in journal.tags.items()]
     if tags:
         client.log_batch(run_id, tags=tags)
     return run_id
 
 
-def unended(status: str) -> dict[str, Any]:
-    """The journal's closing fields for a fit that never reached its end (`ray-ormas mlflow-sync
-    --close-as`): its status, and an error that says so."""
-    return {
-        "status": status,
-        "error": f"closed as {status} by ray-ormas mlflow-sync: the fit never reached its end "
-        "(a Ray Tune trial that a scheduler stopped, or a driver that was killed)",
-    }
+def loop_ended(records: RunRecords, fit_id: str) -> bool:
+    """The fit's loop ended on rank 0 in its last attempt: each of that attempt's segments ends
+    with a run_end that carries no error (record/reader.py `Segment.loop_ended`)."""
+    segments = [s for s in records.segments() if s.link.get("fit_id") == fit_id]
+    if not segments:
+        return False
+    last = max(s.attempt or 0 for s in segments)
+    return all(s.loop_ended for s in segments if (s.attempt or 0) == last)
 
 
-def close_run(client: Any, journal: dict[str, Any]) -> None:
+def close_unended(journal: TrackingJournal, close_as: str | None, *, loop_ended: bool) -> None:
+    """Close, in the journal, a fit that never reached its end (`ray-ormas mlflow-sync`). A fit
+    whose loop ended (its record says so) is FINISHED: only the driver's end was cut off (a Ray
+    Tune trial stopped at its last report). Else `close_as` (`--close-as`), with an error that
+    says so."""
+    if loop_ended:
+        journal.status = "FINISHED"
+        journal.closed_by = (
+            "ray-ormas mlflow-sync: the loop ended (the record's run_end says so), but the fit's own end "
+            "did not run (a Ray Tune trial stopped at its last report, or a driver that was killed)"
+        )
+        return
+    status = close_as or "KILLED"
+    journal.status = status
+    journal.closed_by = f"ray-ormas mlflow-sync --close-as {status}"
+    journal.error = (
+        f"closed as {status} by ray-ormas mlflow-sync: the fit never reached its end "
+        "(a Ray Tune trial that a scheduler stopped, or a driver that was killed)"
+    )
+
+
+def close_run(client: Any, journal: TrackingJournal) -> None:
     """Closing tags and the final status, as the journal has them."""
     from mlflow.entities import RunTag
 
-    status = journal["status"]
+    status = journal.status or "FINISHED"
     tags = [RunTag("ray_ormas.status", status)]
-    if journal.get("error"):
-        tags.append(RunTag("ray_ormas.error", journal["error"][:TAG_VALUE_LIMIT]))
-    if journal.get("final_checkpoint"):
-        tags.append(RunTag("ray_ormas.final_checkpoint", journal["final_checkpoint"][:TAG_VALUE_LIMIT]))
-    if journal.get("skipped_metrics"):
-        tags.append(RunTag("ray_ormas.skipped_metrics", ",".join(journal["skipped_metrics"])[:TAG_VALUE_LIMIT]))
-    client.log_batch(journal["run_id"], tags=tags)
-    client.set_terminated(journal["run_id"], status=status)
+    if journal.error:
+        tags.append(RunTag("ray_ormas.error", journal.error[:TAG_VALUE_LIMIT]))
+    if journal.closed_by:
+        tags.append(RunTag("ray_ormas.closed_by", journal.closed_by[:TAG_VALUE_LIMIT]))
+    if journal.final_checkpoint:
+        tags.append(RunTag("ray_ormas.final_checkpoint", journal.final_checkpoint[:TAG_VALUE_LIMIT]))
+    if journal.skipped_metrics:
+        tags.append(RunTag("ray_ormas.skipped_metrics", ",".join(journal.skipped_metrics)[:TAG_VALUE_LIMIT]))
+    client.log_batch(journal.run_id, tags=tags)
+    client.set_terminated(journal.run_id, status=status)
 
 
 # ------------------------------------------------------------------ artifacts
@@ -426,33 +450,30 @@ def upload_run_page(client: Any, run_id: str, store: RecordStore) -> int:
     return 1
 
 
-def chosen_checkpoints(journal: dict[str, Any]) -> list[dict[str, Any]]:
+def chosen_checkpoints(journal: TrackingJournal) -> list[JournalCheckpoint]:
     """The reported checkpoints the policy uploads (see MLflowSettings.log_checkpoints)."""
-    checkpoints = journal.get("checkpoints", [])
-    policy = journal.get("log_checkpoints", "none")
+    checkpoints = journal.checkpoints
+    policy = journal.log_checkpoints
     if policy == "all":
         return list(checkpoints)
     if policy == "last":
-        final = journal.get("final_checkpoint")
-        chosen = [c for c in checkpoints if c["path"] == final] or checkpoints[-1:]
+        chosen = [c for c in checkpoints if c.path == journal.final_checkpoint] or checkpoints[-1:]
         return chosen[-1:]
-    if policy == "best":
-        metric, sign = journal["checkpoint_metric"], (1 if journal.get("checkpoint_mode", "min") == "min" else -1)
-        scored = [
-            c
-            for c in checkpoints
-            if isinstance(c.get("metrics", {}).get(metric), (int, float)) and not math.isnan(c["metrics"][metric])
-        ]
-        return [min(scored, key=lambda c: sign * c["metrics"][metric])] if scored else []
+    if policy == "best" and journal.checkpoint_metric is not None:
+        metric, sign = journal.checkpoint_metric, (1 if journal.checkpoint_mode == "min" else -1)
+        scored = [(value, c) for c in checkpoints if (value := c.metric(metric)) is not None]
+        return [min(scored, key=lambda vc: sign * vc[0])[1]] if scored else []
     return []
 
 
-def upload_checkpoints(client: Any, run_id: str, journal: dict[str, Any], fs: pafs.FileSystem) -> tuple[int, list[str]]:
+def upload_checkpoints(
+    client: Any, run_id: str, journal: TrackingJournal, fs: pafs.FileSystem
+) -> tuple[int, list[str]]:
     """Upload the chosen checkpoints under `checkpoints/<folder name>/`; (files uploaded, the
     chosen checkpoints that no longer exist in storage, e.g. removed by `num_to_keep`)."""
     n, gone = 0, []
     for c in chosen_checkpoints(journal):
-        path = c["path"]
+        path = c.path
         artifact_path = f"checkpoints/{posixpath.basename(path.rstrip('/'))}"
         if fs.get_file_info(path).type != pafs.FileType.Directory:
             if not client.list_artifacts(run_id, artifact_path):  # not uploaded before it was deleted
@@ -477,7 +498,7 @@ class SyncResult:
 def sync_fit(
     client: Any,
     records: RunRecords,
-    journal: dict[str, Any],
+    journal: TrackingJournal,
     *,
     up_to_attempt: int | None = None,
     finished: bool = True,
@@ -485,15 +506,15 @@ def sync_fit(
 ) -> SyncResult:
     """Bring the fit's run up to its record and journal. `finished`: also artifacts and status."""
     store = records.store
-    created = not journal.get("run_id")
+    created = not journal.run_id
     run_id = open_run(client, journal)
     if created:
-        journal["run_id"] = run_id
+        journal.run_id = run_id
         write_journal(store, journal)
     expected = (
-        record_entries(records, journal["fit_id"], up_to_attempt)
+        record_entries(records, journal.fit_id, up_to_attempt)
         + loop_entries(journal)
-        + fleet_entries(store, journal["fit_id"], up_to_attempt)
+        + fleet_entries(store, journal.fit_id, up_to_attempt)
         + (run_count_entries(store) if finished else [])
     )
     todo = missing_entries(client, run_id, expected)
@@ -501,23 +522,23 @@ def sync_fit(
     artifacts, closed = 0, None
     gone: list[str] = []
     if finished:
-        artifacts = upload_segments(client, run_id, records, journal["fit_id"])
+        artifacts = upload_segments(client, run_id, records, journal.fit_id)
         from ray_ormas._internal.record.fleet_record import fleet_folder
 
         artifacts += upload_folder(
-            client, run_id, store.filesystem, fleet_folder(store, journal["fit_id"]), f"ormas/fleet/{journal['fit_id']}"
+            client, run_id, store.filesystem, fleet_folder(store, journal.fit_id), f"ormas/fleet/{journal.fit_id}"
         )
         artifacts += upload_run_page(client, run_id, store)
-        if journal.get("checkpoints"):
-            client.log_dict(run_id, journal["checkpoints"], "ray_ormas/checkpoints.json")
+        if journal.checkpoints:
+            client.log_dict(run_id, [c.model_dump() for c in journal.checkpoints], "ray_ormas/checkpoints.json")
         n, gone = upload_checkpoints(client, run_id, journal, checkpoint_fs or store.filesystem)
         artifacts += n
-        if journal.get("status") in TERMINAL and client.get_run(run_id).info.status != journal["status"]:
+        if journal.status in TERMINAL and client.get_run(run_id).info.status != journal.status:
             close_run(client, journal)
-            closed = journal["status"]
+            closed = journal.status
     return SyncResult(
         run_id=run_id,
-        tracking_uri=shown(journal["tracking_uri"]),
+        tracking_uri=shown(journal.tracking_uri),
         sent=len(todo),
         artifacts=artifacts,
         created=created,

@@ -44,6 +44,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, read_per_device
+from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.worker.reporting import loss_value
 
 GROUPS = 64  # the parameter list is cut into at most this many digest groups
@@ -80,7 +81,7 @@ class RankProbe:
         self._forwards = 0
         self._started: Any = None
         self._events: list[tuple[int, Any, Any]] = []  # (step of the window, start, end): CUDA
-        self._group_names: list[list[str]] | None = None
+        self._group_names: tuple[tuple[str, str], ...] | None = None
         self.armed = False
         self.arm()
 
@@ -174,7 +175,7 @@ class RankProbe:
         except Exception:  # a gone ledger: the next check tries again
             pass
 
-    def _facts(self, check: int, step: int, loss: torch.Tensor | float | None) -> dict[str, Any]:
+    def _facts(self, check: int, step: int, loss: torch.Tensor | float | None) -> RankFacts:
         timed = self._timed or [_StepTimes(self._data_s, self._forward_s, time.perf_counter() - self._t_end)]
         if self._events:  # the monitor's check has synchronized the device
             device = [0.0] * len(timed)
@@ -184,26 +185,25 @@ class RankProbe:
         datas = [t.data_s for t in timed if t.data_s is not None]
         digest, groups, bad_layers = self._readings()
         loss_now = loss_value(loss)
-        facts = {
-            "rank": self._rank,
-            "world": self._world,
-            "node": self._node,
-            "check": check,
-            "step": step,
-            "data_s": statistics.median(datas) if datas else None,
-            "forward_s": statistics.median(t.forward_s for t in timed) if self._forwards else None,
-            "wall_s": statistics.median(t.wall_s for t in timed),
-            "timed_steps": len(self._timed),
-            "forwards": self._forwards,
-            "loss": loss_now,
-            "nonfinite_loss": loss_now is not None and not math.isfinite(loss_now),
-            "nonfinite_layers": bad_layers,
-            "digest": digest,
-            "groups": groups,
-        }
-        if self._group_names is not None and check <= 1:
-            facts["group_names"] = self._group_names  # once per attempt (and once more, for safety)
-        return facts
+        return RankFacts(
+            rank=self._rank,
+            world=self._world,
+            node=self._node,
+            check=check,
+            step=step,
+            data_s=statistics.median(datas) if datas else None,
+            forward_s=statistics.median(t.forward_s for t in timed) if self._forwards else None,
+            wall_s=statistics.median(t.wall_s for t in timed),
+            timed_steps=len(self._timed),
+            forwards=self._forwards,
+            loss=loss_now,
+            nonfinite_loss=loss_now is not None and not math.isfinite(loss_now),
+            nonfinite_layers=tuple(bad_layers),
+            digest=digest,
+            groups=tuple(groups),
+            # once per attempt (and once more, for safety)
+            group_names=self._group_names if self._group_names is not None and check <= 1 else None,
+        )
 
     @torch.no_grad()
     def _readings(self) -> tuple[str, list[str], list[str]]:
@@ -217,7 +217,7 @@ class RankProbe:
             hashlib.sha256(b"".join(raw[a:b]) + "|".join(labels[a:b]).encode()).hexdigest()[:8] for a, b in bounds
         ]
         if self._group_names is None:
-            self._group_names = [[_name(labels[a]), _name(labels[b - 1])] for a, b in bounds]
+            self._group_names = tuple((_name(labels[a]), _name(labels[b - 1])) for a, b in bounds)
         bad: list[str] = []
         for label, row in zip(labels, rows):
             if not row[2]:

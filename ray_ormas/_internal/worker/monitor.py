@@ -98,25 +98,7 @@ class MonitorRuntime:
         self.record_dir: Path | None = None
         self.step_offset = 0
         if session.rank == 0:
-            link = segment_link(
-                plan.store,
-                name,
-                run_name=plan.run_name,
-                fit_id=plan.fit_id,
-                attempt=session.attempt,
-                world_size=session.world_size,
-                resumed_from=session.resumed_from(),
-            )
-            link.update(
-                strategy=plan.strategy,
-                batch=session.batch,
-                metric_prefix=self._prefix.rstrip("/"),
-                step_offset=link["step_offset"] + attach.first_step,
-            )
-            if attach.facts:
-                link["attached"] = attach.facts
-            self.step_offset = link["step_offset"]
-            self.segment_path, self.record_dir = plan.store.claim_segment(name, link)
+            self._claim_segment(attach)
         self._upload = (
             IncrementalUpload(plan.store, self.record_dir, self.segment_path)
             if self.record_dir is not None and self.segment_path is not None and not plan.store.is_local
@@ -127,42 +109,85 @@ class MonitorRuntime:
             if session.rank == 0 and plan.tracked
             else None
         )
-        own: list[Callable[[str, dict], None]] = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
-        if plan.settings.progress and session.rank == 0:
-            own.append(ProgressPrinter(name))
-        kwargs = {
-            "out": self.record_dir or Path(plan.store.monitor_dir(name)),
-            "name": f"{plan.run_name}/{name}",
-            "sinks": [*own, *sinks],
-            **plan.settings.monitor_kwargs(),
-        }
         try:
-            if attach.build is not None:
-                self.monitor = attach.build(kwargs)
-            else:
-                self.monitor = monitor_class(model)(model, optimizer, scaler=scaler, **kwargs)
-            if self.record_dir is not None:
-                check_metrics_file(self.monitor)
+            self.monitor = self._build_monitor(optimizer, scaler, sinks, attach)
         except BaseException:
             self._release_segment()
             raise
-        if self.segment_path is not None:
-            plan.ledger.set_record.remote(name, self.segment_path)
-            if not plan.store.is_local:
-                plan.ledger.add_staging.remote(
-                    Staging(
-                        name,
-                        self.segment_path,
-                        str(self.record_dir),
-                        ray.get_runtime_context().get_node_id(),
-                        session.node(),
-                    )
-                )
+        self._tell_the_ledger()
         self._probe: RankProbe | None = None
         if plan.fleet and self._primary:
             if session.rank == 0:
                 plan.ledger.fleet_offset.remote(session.token, self.step_offset)
             self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node(), session.world_size)
+
+    # ------------------------------------------------------------------ the steps of __init__
+    def _claim_segment(self, attach: Attach) -> None:
+        """Rank 0: the record's next segment for this monitor, linked to the run (segment.json)."""
+        plan, session = self._session.plan, self._session
+        link = segment_link(
+            plan.store,
+            self.name,
+            run_name=plan.run_name,
+            fit_id=plan.fit_id,
+            attempt=session.attempt,
+            world_size=session.world_size,
+            resumed_from=session.resumed_from(),
+        )
+        link.update(
+            strategy=plan.strategy,
+            batch=session.batch,
+            metric_prefix=self._prefix.rstrip("/"),
+            step_offset=link["step_offset"] + attach.first_step,
+        )
+        if attach.facts:
+            link["attached"] = attach.facts
+        self.step_offset = link["step_offset"]
+        self.segment_path, self.record_dir = plan.store.claim_segment(self.name, link)
+
+    def _build_monitor(
+        self,
+        optimizer: torch.optim.Optimizer | None,
+        scaler: Any,
+        sinks: Sequence[Callable[[str, dict], None]],
+        attach: Attach,
+    ) -> Any:
+        """ormas-monitor's Monitor (or the one the framework's callback builds), with ray-ormas's
+        sinks before the user's: the record buffer, rank 0's MLflow rows, the progress line."""
+        plan = self._session.plan
+        own: list[Callable[[str, dict], None]] = [self.buffer] + ([self.tracker] if self.tracker is not None else [])
+        if plan.settings.progress and self._session.rank == 0:
+            own.append(ProgressPrinter(self.name))
+        kwargs = {
+            "out": self.record_dir or Path(plan.store.monitor_dir(self.name)),
+            "name": f"{plan.run_name}/{self.name}",
+            "sinks": [*own, *sinks],
+            **plan.settings.monitor_kwargs(),
+        }
+        if attach.build is not None:
+            monitor = attach.build(kwargs)
+        else:
+            monitor = monitor_class(self.model)(self.model, optimizer, scaler=scaler, **kwargs)
+        if self.record_dir is not None:
+            check_metrics_file(monitor)
+        return monitor
+
+    def _tell_the_ledger(self) -> None:
+        """Rank 0: where the segment is, and on object storage where it is staged (swept at the end)."""
+        plan = self._session.plan
+        if self.segment_path is None:
+            return
+        plan.ledger.set_record.remote(self.name, self.segment_path)
+        if not plan.store.is_local:
+            plan.ledger.add_staging.remote(
+                Staging(
+                    self.name,
+                    self.segment_path,
+                    str(self.record_dir),
+                    ray.get_runtime_context().get_node_id(),
+                    self._session.node(),
+                )
+            )
 
     @property
     def closed(self) -> bool:

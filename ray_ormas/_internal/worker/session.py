@@ -232,12 +232,23 @@ class WorkerSession:
             ray.get(self.plan.local_reports.forward_report([payload], checkpoint), timeout=60)
 
     def finish(self) -> None:
-        """The loop returned on this rank: meet the others, close the monitors, report once more."""
+        """The loop returned on this rank: meet the others, close the monitors, report once more.
+
+        If the run ledger is gone by then, the fit is being ended from outside after the loop
+        ended (a Ray Tune scheduler's stop at the last report kills the trial's driver, and the
+        ledger with it): the monitors close as the loop ended (a run_end without an error) and
+        the final report, which nothing would receive, is skipped."""
+        gone: str | None = None
         try:
             seen = self._meet("final")
+        except ray.exceptions.RayActorError as e:
+            gone = type(e).__name__  # closed below, outside this handler: ormas-monitor reads a pending error
         except BaseException:
             self.abort()
             raise
+        if gone is not None:
+            self._close_after_the_fit_was_ended(gone)
+            return
         if not self.monitors and self.plan.settings.auto_monitor:
             logger.warning(
                 "no monitor ran: the loop built none, and no optimizer.step() stepped "
@@ -269,6 +280,25 @@ class WorkerSession:
             )
         self.reports += 1
         self._ray_report(final, None)
+
+    def _close_after_the_fit_was_ended(self, error: str) -> None:
+        if self.rank == 0:
+            logger.warning(
+                "the run ledger is gone after the loop ended (%s): the fit is being ended from outside "
+                "(a Ray Tune scheduler's stop at the last report, or the driver ended). The record "
+                "closes as the loop ended; `ray-ormas mlflow-sync %s` brings the MLflow run and run.html "
+                "up to it",
+                error,
+                self.plan.store.shown(),
+                rank=self.rank,
+            )
+        for mon in self.monitors.values():
+            try:
+                mon.close()
+            except Exception as e:  # the record stays as written
+                logger.warning(
+                    "could not finish the record of monitor %r (%s: %s)", mon.name, type(e).__name__, e, rank=self.rank
+                )
 
     def abort(self) -> None:
         """The loop raised on this rank: close every monitor while the exception propagates.
