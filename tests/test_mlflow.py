@@ -633,3 +633,34 @@ def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(tracked, s
         Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json", str(storage))).read_text()
     )
     assert [c["step"] for c in listed] == [4, 8, 12] and {Path(c["path"]).name for c in listed} == uploaded
+
+
+def test_the_writers_imports_take_only_idle_cpu_until_training_starts():
+    """While the fit starts, MLflow's imports run at SCHED_IDLE where the thread may leave it again
+    (else at nice 19 from the start); once training has started, at the writer's nice 19."""
+    import os
+    import threading
+
+    from ray_ormas._internal.head.mlflow_writer import _idle_can_be_left, _Importer
+
+    started, release = threading.Event(), threading.Event()
+
+    def imports(uri: str) -> None:  # stands for the imports: holds the thread until the test has looked
+        started.set()
+        release.wait(timeout=60)
+
+    importer = _Importer("sqlite:////nonexistent/mlflow.db", work=imports)
+    importer.start()
+    assert started.wait(timeout=30)
+    tid = importer._tid
+    try:
+        if _idle_can_be_left():  # root, or CAP_SYS_NICE (this machine's CI runs as root)
+            assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        else:
+            assert os.sched_getscheduler(tid) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, tid) == 19
+        importer.promote()
+        assert os.sched_getscheduler(tid) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, tid) == 19
+    finally:
+        release.set()
+        importer.join(timeout=60)
+    assert not importer.is_alive()

@@ -12,16 +12,19 @@ append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric va
 the oldest are dropped from memory and come back from the record at the end) and to the
 tracking journal in the run's storage (tracking/journal.py). One sender thread names rank 0's rows
 (ormas-monitor's MLflowSink, through seams/ormas.py), creates the run and sends the outbox in
-batches, about once a second. While the fit starts it imports mlflow at a low priority (taking
-the CPU the start-up leaves idle); it creates the store and the run only after rank 0's first
-check, off the path to the first training step. On any failure it keeps
+batches, about once a second. While the fit starts, a thread of its own imports mlflow at
+SCHED_IDLE, taking only the CPU the start-up leaves idle, and at nice 19 once training has
+started (where the thread could not leave SCHED_IDLE again, at nice 19 throughout: `_Importer`);
+it creates the store and the run only after rank 0's first check, off the path to the first
+training step. On any failure it keeps
 everything and tries again after 1, 2, 4, ... 30 s. A failed attempt's end and the fit's end
 each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
 
 Entries carry the timestamp they were received with, so a batch resent after a timeout that the
 server did store is dropped by MLflow as an exact duplicate.
 
-Hooks relied on: `MlflowClient`, a thread of its own in the ledger actor, and the driver's MLflow
+Hooks relied on: `MlflowClient`, two threads of its own in the ledger actor (Linux's
+`sched_setscheduler` / `setpriority` per thread where available), and the driver's MLflow
 environment variables handed to the ledger's constructor (so only the driver and the head node
 hold them).
 """
@@ -37,7 +40,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
@@ -236,9 +239,11 @@ class TrackingWriter:
         # At a low priority, the imports a sync needs (about 4 CPU-seconds) take what the fit's
         # start-up leaves idle, so a short fit's end does not wait for them. Nothing creates the
         # store or the run before training has started.
+        importer = _Importer(self._uri)
+        importer.start()
         _yield_cpu_to_training()
-        _import_what_a_sync_needs(self._uri)
         self._training.wait()
+        importer.promote()  # training has started: the imports take the writer's own share from now
         from ray_ormas._internal.seams.ormas import OrmasCompatError
 
         failures = 0
@@ -376,6 +381,64 @@ def _import_what_a_sync_needs(uri: str) -> None:
         import ray_ormas._internal.seams.ormas  # noqa: F401
     except Exception as e:
         logger.debug("importing ahead of the first sync failed (%s: %s)", type(e).__name__, e)
+
+
+class _Importer(threading.Thread):
+    """`_import_what_a_sync_needs` on a thread of its own that, while the fit starts, takes only
+    CPU nothing else wants (SCHED_IDLE, Linux), so the workers' start-up (torch's import, the
+    process group) does not share the cores with MLflow's imports; `promote()`, once training
+    has started, gives it the writer's own priority (nice 19). Leaving SCHED_IDLE needs
+    CAP_SYS_NICE (root in a container has it, Ray's own images' `ray` user does not); where
+    it cannot be left, the thread never enters it and imports at nice 19 from the start. It
+    holds no lock of the writer's; a sync that needs a module it is still importing waits for that
+    module (Python's import lock), as it would import it itself."""
+
+    def __init__(self, uri: str, work: Callable[[str], None] | None = None) -> None:
+        super().__init__(name="ray-ormas-mlflow-import", daemon=True)
+        self._uri = uri
+        self._work = work or _import_what_a_sync_needs
+        self._tid: int | None = None
+        self._idle = False
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        with self._lock:
+            self._tid = threading.get_native_id()
+            self._idle = _idle_can_be_left() and _set_policy(self._tid, idle=True)
+        if not self._idle:
+            _yield_cpu_to_training()
+        self._work(self._uri)
+
+    def promote(self) -> None:
+        """From SCHED_IDLE to the writer's nice 19 (nothing if it never went idle, or is done)."""
+        with self._lock:
+            if self._idle and self._tid is not None and self.is_alive():
+                self._idle = not _set_policy(self._tid, idle=False)
+
+
+def _set_policy(tid: int, *, idle: bool) -> bool:
+    """Thread `tid` to SCHED_IDLE, or back to SCHED_OTHER at nice 19; False where not allowed."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+        if not idle:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+    except (AttributeError, OSError):  # not Linux, not allowed, or the thread has ended
+        return False
+    return True
+
+
+def _idle_can_be_left() -> bool:
+    """Whether a thread of this process may leave SCHED_IDLE again (tried on a thread that ends)."""
+    outcome: list[bool] = []
+
+    def probe() -> None:
+        tid = threading.get_native_id()
+        outcome.append(_set_policy(tid, idle=True) and _set_policy(tid, idle=False))
+
+    thread = threading.Thread(target=probe, name="ray-ormas-priority-probe", daemon=True)
+    thread.start()
+    thread.join(timeout=5)
+    return bool(outcome and outcome[0])
 
 
 def _yield_cpu_to_training() -> None:
