@@ -39,6 +39,7 @@ daemons that appear during a command and outlive it are killed by pid, and the t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -374,6 +375,13 @@ def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -
     if "examples/gan.yaml" in script:  # one monitor, and one verified record, per model
         assert "monitor 'generator'" in ran.out and "monitor 'discriminator'" in ran.out, ran.out[-3000:]
         assert {r.parts[-2] for r in records_named(ran.out)} == {"generator", "discriminator"}, ran.out[-3000:]
+        for record in records_named(ran.out):  # both models under DDP, each with its own monitor
+            manifest = next(
+                e
+                for e in map(json.loads, (record / "diary.jsonl").read_text().splitlines())
+                if e["event"] == "manifest"
+            )
+            assert manifest["distributed"]["mode"] == "ddp" and manifest["distributed"]["world_size"] == 2, manifest
     return ran
 
 

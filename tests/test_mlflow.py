@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -182,6 +183,16 @@ def test_a_restarted_worker_group_records_a_new_segment_beside_the_failed_one(re
     assert result.ormas.final["ormas/kind"] == "final" and result.ormas.final["ormas/steps_per_rank"] == [12, 12]
 
 
+def test_the_fits_of_one_job_share_the_jobs_mlflow_host(restarted, isolated):
+    # Both fits track on the server with the same request timeout and environment: one host
+    # process held both writers (head/mlflow_host.py), so the second imported nothing of MLflow.
+    from ray_ormas._internal.head.mlflow_host import NAMESPACE
+
+    hosts = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+    served = [ray.get(ray.get_actor(name, namespace=NAMESPACE).served.remote(), timeout=60) for name in hosts]
+    assert any(s["served"] >= 2 and s["open"] == [] for s in served), served
+
+
 @pytest.fixture(scope="module")
 def isolated(ray_cluster, server, tmp_path_factory):
     """One fit that continues a run created beforehand (its run id), whose workers cannot reach the
@@ -228,6 +239,11 @@ def test_bad_mlflow_settings_fail_on_the_driver(tmp_path, monkeypatch):
         MLflowSettings(log_checkpoints="best", checkpoint_metric="val", checkpoint_mode="lowest")
     with pytest.raises(ValueError, match=r"max_pending\n  Input should be greater than or equal to 1000"):
         MLflowSettings(max_pending=10)
+    monkeypatch.setenv("RAY_ORMAS_MLFLOW_HOST_IDLE_S", "soon")  # the job's MLflow host (docs/mlflow.md)
+    with pytest.raises(ValueError, match="RAY_ORMAS_MLFLOW_HOST_IDLE_S='soon' is not a number of seconds >= 0"):
+        RayOrmasTrainer(digits_loop)
+    RayOrmasTrainer(digits_loop, mlflow=False)  # not tracked: not read
+    monkeypatch.setenv("RAY_ORMAS_MLFLOW_HOST_IDLE_S", "0")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):  # on the driver, before anything starts
         RayOrmasTrainer(

@@ -146,10 +146,13 @@ def test_mixed_precision_skipped_steps_are_not_alarms(storage):
     assert manifest["precision"]["scaler"] is True and manifest["precision"]["scaler_enabled"] is True
 
 
-@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.usefixtures("ray_cluster")  # local mode still starts Ray when none is running
 @pytest.mark.timeout(240)
 def test_a_gan_gets_one_monitor_and_one_record_per_model(storage):
-    result = fit(storage, "gan", loops.gan_loop, check_every=3, train_loop_config={"steps": 12})
+    # One monitor and one record per model is the same on every rank: Ray Train's local mode. The
+    # GAN under DDP on 2 workers is docs/cli.md's `examples/gan.yaml` job (tests/test_doc_commands.py:
+    # a monitor and a verified DDP record per model).
+    result = fit(storage, "gan", loops.gan_loop, workers=0, check_every=3, train_loop_config={"steps": 12})
     assert result.return_value == {"generator_steps": 12, "discriminator_steps": 12}
     run = result.ormas
     assert set(run.records) == {"generator", "discriminator"}
@@ -158,8 +161,6 @@ def test_a_gan_gets_one_monitor_and_one_record_per_model(storage):
         assert record.parent.name == name and record.name == "segment-000" and verify_run(record).ok
         start, end = diary(record)[0], diary(record)[-1]
         assert start["name"] == f"gan/{name}" and end["steps"] == 12
-        manifest = next(e for e in diary(record) if e["event"] == "manifest")
-        assert manifest["distributed"]["mode"] == "ddp"
     final = run.final
     assert final["ormas/checks"] == 4 and final["ormas/discriminator/checks"] == 4  # the first monitor's: ormas/
     assert json.loads((Path(run.records["generator"]) / "segment.json").read_text())["monitor"] == "generator"

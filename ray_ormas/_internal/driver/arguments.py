@@ -31,7 +31,7 @@ from ray_ormas._internal.common.settings import BatchSize, MonitorSettings, chec
 from ray_ormas._internal.driver.monitor_options import monitor_settings
 from ray_ormas._internal.driver.paths import resolve_location
 from ray_ormas._internal.record.store import RecordStore, resolve
-from ray_ormas._internal.tracking.values import check_run_exists
+from ray_ormas._internal.tracking.values import check_run_exists, mlflow_host_idle_s
 from ray_ormas._internal.worker.adoption import check_frameworks
 from ray_ormas.errors import OptionError, OptionTypeError
 
@@ -249,6 +249,8 @@ def _mlflow_settings(mlflow: Any, run_config: RunConfig) -> MLflowSettings | Non
     if mlflow is not False and not isinstance(mlflow, MLflowSettings):
         raise OptionTypeError(f"mlflow must be True, False or a ray_ormas.MLflowSettings, got {type(mlflow).__name__}")
     settings = mlflow if mlflow and mlflow.enabled else None
+    if settings is not None:
+        mlflow_host_idle_s()  # a bad RAY_ORMAS_MLFLOW_HOST_IDLE_S is an OptionError here, not on the head node
     if settings is not None and settings.run_id is not None:
         check_run_exists(settings, local_run_dir(run_config))
     return settings

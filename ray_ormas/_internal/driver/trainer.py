@@ -69,7 +69,7 @@ from ray_ormas._internal.seams.ray_train import (
     poll_interval_env,
     print_patch_env,
 )
-from ray_ormas._internal.tracking.values import absolute_store_uri, mlflow_environment
+from ray_ormas._internal.tracking.values import absolute_store_uri, mlflow_environment, mlflow_host_idle_s
 from ray_ormas._internal.worker.loop import wrap_train_loop
 from ray_ormas._internal.worker.plan import WorkerPlan
 from ray_ormas.errors import OptionError, OptionTypeError, RaySeamChanged
@@ -356,6 +356,7 @@ class RayOrmasTrainer:
             params=params,
             run_dir=local_run_dir(self.run_config),
             environment=mlflow_environment(),
+            host_idle_s=mlflow_host_idle_s(),
         )
 
 

@@ -25,10 +25,12 @@ It does three things:
   (`fleet_facts`, never awaited) and the ledger's `FleetHead` (head/fleet_head.py) scores them, writes
   the fleet record, Ray's metrics and the MLflow entries; `finish_fleet` summarizes it.
 
-* **The MLflow writer's home.** When the fit is tracked, the ledger holds the fit's
-  `TrackingWriter` (head/mlflow_writer.py) and passes it rank 0's rows (`track_rows`), the
-  controller's reports (`track_report`) and the end of attempts and of the fit; so the head
-  node is the only one that talks to MLflow, at the cost of no extra process.
+* **The MLflow writer's door.** When the fit is tracked, the ledger opens the fit's
+  `TrackingWriter` (head/mlflow_writer.py) in the job's MLflow host (head/mlflow_host.py,
+  through head/mlflow_link.py; in its own process where there is no host) and passes it rank
+  0's rows (`track_rows`), the controller's reports (`track_report`) and the end of attempts and
+  of the fit; so the head node is the only one that talks to MLflow, and a fit whose job's host
+  is up imports none of MLflow.
 
 The ledger is created by the driver on the head node (as Ray Train pins its own state actor,
 so that losing a worker node never takes the ledger along), lives as long as the driver's
@@ -51,6 +53,7 @@ from ray_ormas._internal.fleet.facts import RankFacts
 
 if TYPE_CHECKING:  # built inside the actor, on the head node, only when asked for
     from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
+    from ray_ormas._internal.head.mlflow_link import HostedWriter
     from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, TrackingWriter, WriterSpec
     from ray_ormas._internal.record.fleet_record import FleetSummary
     from ray_ormas._internal.record.staging import Staging
@@ -83,11 +86,11 @@ class RunLedger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
 
     def __init__(self, tracking: WriterSpec | None = None, fleet: FleetSpec | None = None) -> None:
-        self._tracking: TrackingWriter | None = None
-        if tracking is not None:  # the fit is tracked in MLflow
-            from ray_ormas._internal.head.mlflow_writer import TrackingWriter
+        self._tracking: TrackingWriter | HostedWriter | None = None
+        if tracking is not None:  # the fit is tracked in MLflow (in the job's MLflow host)
+            from ray_ormas._internal.head.mlflow_link import open_writer
 
-            self._tracking = TrackingWriter(tracking)
+            self._tracking = open_writer(tracking)
         self._fleet: FleetHead | None = None
         if fleet is not None:  # fleet health is on (head/fleet_head.py)
             from ray_ormas._internal.head.fleet_head import FleetHead
@@ -102,6 +105,10 @@ class RunLedger:
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
         self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
+
+    def alive(self) -> bool:
+        """For the MLflow host (head/mlflow_host.py), which drops the writer of a ledger that died."""
+        return True
 
     def begin_attempt(self, token: str, world_size: int | None = None) -> int:
         """Rank 0 of a worker-group attempt checks in (with its world size); returns the

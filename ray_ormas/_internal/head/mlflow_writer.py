@@ -1,16 +1,16 @@
-"""The fit's MLflow writer: it lives in the run ledger actor on the head node (head/ledger.py), the
-only process that talks to MLflow.
+"""The fit's MLflow writer: it lives in the job's MLflow host on the head node (head/mlflow_host.py),
+or in the fit's run ledger (head/ledger.py) where there is no host; the only process that talks
+to MLflow. The ledger reaches it through head/mlflow_link.py.
 
-    driver      RunLedger(WriterSpec, FleetSpec) -> the ledger builds the TrackingWriter, returns at once
+    driver      RunLedger(WriterSpec, FleetSpec) -> the ledger opens the TrackingWriter, returns at once
     rank 0      RowForwarder (an ormas-monitor sink): ledger.track_rows.remote(...) per check, never waits
     controller  LedgerCallback.after_report     -> ledger.track_report.remote(rank 0's metrics, checkpoint)
                 LedgerCallback.after_exception  -> ledger.track_attempt_end.remote()   (sync that attempt)
     driver      ledger.finish_tracking(status)  -> drain, sync, artifacts, status; then the ledger goes
 
-Living in the ledger's process costs the start of the fit no process of its own. Calls only
-append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values; beyond it
-the oldest are dropped from memory and come back from the record at the end) and to the
-tracking journal in the run's storage (tracking/journal.py). One sender thread names rank 0's rows
+Calls only append to an in-memory outbox (bounded by `MLflowSettings.max_pending` metric values;
+beyond it the oldest are dropped from memory and come back from the record at the end) and to
+the tracking journal in the run's storage (tracking/journal.py). One sender thread names rank 0's rows
 (ormas-monitor's MLflowSink, through seams/ormas.py), creates the run and sends the outbox in
 batches, about once a second. While the fit starts, a thread of its own imports mlflow at
 SCHED_IDLE, taking only the CPU the start-up leaves idle, and at nice 19 once training has
@@ -23,7 +23,7 @@ each bring the run up to the record and the journal (`mlflow_sync.sync_fit`).
 Entries carry the timestamp they were received with, so a batch resent after a timeout that the
 server did store is dropped by MLflow as an exact duplicate.
 
-Hooks relied on: `MlflowClient`, two threads of its own in the ledger actor (Linux's
+Hooks relied on: `MlflowClient`, two threads of its own in its process (Linux's
 `sched_setscheduler` / `setpriority` per thread where available), and the driver's MLflow
 environment variables handed to the ledger's constructor (so only the driver and the head node
 hold them).
@@ -65,6 +65,7 @@ from ray_ormas._internal.tracking.values import embedded_uri, first_line, loop_m
 
 logger = get_logger("ray_ormas.mlflow")
 BACKOFF_S = (1, 2, 4, 8, 16, 30)
+STAGE_HERE: Any = object()  # loop_report: copy the checkpoint for upload in the call itself
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class WriterSpec:
     params: dict[str, Any]
     run_dir: str | None  # the run's folder when its storage is local (the embedded store's home)
     environment: dict[str, str]  # MLflow's variables from the driver's environment
+    host_idle_s: float = 0.0  # > 0: the writer lives in the job's MLflow host (head/mlflow_link.py)
 
 
 @dataclass(frozen=True)
@@ -162,14 +164,19 @@ class TrackingWriter:
                     entries.append((keys.WORLD_SIZE, float(world_size), int(offset)))
                 self._add(entries)
 
-    def loop_report(self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None) -> None:
-        """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its checkpoint."""
+    def loop_report(
+        self, metrics: dict[str, Any], step: int | None, checkpoint: Any = None, staged: Any = STAGE_HERE
+    ) -> None:
+        """Rank 0's metrics of one `ray_ormas.report` (what Ray's Result.metrics holds) and its
+        checkpoint; `staged`: the checkpoint's copy for `log_checkpoints="all"`, made by the
+        caller (`stage_for_upload`: a writer in the MLflow host gets the call later than Ray may
+        delete the checkpoint), or STAGE_HERE to make it now."""
         kept, skipped = loop_metrics(metrics)
-        pointer, staged = None, None
+        pointer = None
+        if staged is STAGE_HERE:
+            staged = stage_for_upload(self._spec.settings, checkpoint)
         if checkpoint is not None:
             pointer = record_pointer(checkpoint)
-            if self._spec.settings.log_checkpoints == "all":
-                staged = _stage(checkpoint)  # now, before num_to_keep can delete it
         with self._lock:
             j = self._journal
             if step is None:
@@ -221,6 +228,17 @@ class TrackingWriter:
             finally:  # staged copies never outlive the fit (see mlflow.md)
                 for staged, _ in self._uploads:
                     shutil.rmtree(staged, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """The fit's ledger is gone without ending the run: stop, as a writer inside it would
+        have stopped with it. The journal in storage keeps the rest (`ray-ormas mlflow-sync`)."""
+        with self._lock:
+            self._closed = True
+            uploads, self._uploads = list(self._uploads), deque()
+        self._training.set()
+        self._wake.set()
+        for staged, _ in uploads:
+            shutil.rmtree(staged, ignore_errors=True)
 
     # ------------------------------------------------------------------ the sender
     def _add(self, entries: list[Entry]) -> None:
@@ -453,8 +471,11 @@ def _yield_cpu_to_training() -> None:
         pass
 
 
-def _stage(checkpoint: Any) -> Path | None:
-    """A local copy of a reported checkpoint (on the head node), to upload when MLflow can take it."""
+def stage_for_upload(settings: MLflowSettings, checkpoint: Any) -> Path | None:
+    """A local copy of a reported checkpoint (on the head node), to upload when MLflow can take
+    it, when `log_checkpoints="all"` (made at once: `num_to_keep` may delete the checkpoint)."""
+    if checkpoint is None or settings.log_checkpoints != "all":
+        return None
     staged = Path(tempfile.mkdtemp(prefix="ray-ormas-checkpoint-"))
     try:
         pafs.copy_files(

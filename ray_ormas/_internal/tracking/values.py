@@ -1,7 +1,7 @@
 """The MLflow pieces both the head-node writer and `ray-ormas mlflow-sync` use.
 
 Every `fit()` is exactly one MLflow run. Only the head node talks to MLflow: the run's writer
-(`head/mlflow_writer.py`, a thread in the run ledger actor on the head node) creates the run, logs
+(`head/mlflow_writer.py`, in the job's MLflow host on the head node) creates the run, logs
 what rank 0's monitor and the loop's reports produce, retries through outages, and closes the
 run. The workers never import mlflow and never need to reach the tracking server or hold its
 credentials.
@@ -11,6 +11,7 @@ This module holds what does not depend on where it runs:
 * params: nested dicts flattened to dotted keys, cut to MLflow's limits, secrets masked.
 * `loop_metrics`: which of a report's values MLflow can take (numbers; everything else skipped).
 * `shown`: a tracking URI safe to print.
+* `mlflow_host_idle_s`: the driver's `RAY_ORMAS_MLFLOW_HOST_IDLE_S`, checked.
 
 Credentials come only from the environment (`MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_USERNAME` /
 `PASSWORD`, read by MLflow itself); the driver hands MLflow's variables to the head-node writer,
@@ -59,6 +60,28 @@ MLFLOW_ENV = (
 # The metric names MLflow accepts (its own rule, mlflow.utils.validation): a request with any other
 # name is refused whole, so such a name is skipped here rather than sent.
 _METRIC_NAME = re.compile(r"^[/\w.\- :]{1,250}$")
+
+
+HOST_IDLE_ENV = "RAY_ORMAS_MLFLOW_HOST_IDLE_S"
+DEFAULT_HOST_IDLE_S = 300.0
+
+
+def mlflow_host_idle_s() -> float:
+    """How long a job's MLflow host (head/mlflow_host.py) stays with no fit: the driver's
+    `RAY_ORMAS_MLFLOW_HOST_IDLE_S` (seconds; 0: no host, each fit's ledger writes itself)."""
+    text = os.environ.get(HOST_IDLE_ENV, "").strip()
+    if not text:
+        return DEFAULT_HOST_IDLE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise OptionError(
+            f"{HOST_IDLE_ENV}={text!r} is not a number of seconds >= 0: unset it for the default "
+            f"({DEFAULT_HOST_IDLE_S:.0f} s), or set 0 to keep each fit's MLflow writer in the fit's own ledger"
+        )
+    return value
 
 
 def shown(uri: str) -> str:
