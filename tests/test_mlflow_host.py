@@ -1,8 +1,9 @@
 """The job's MLflow host (head/mlflow_host.py, head/mlflow_link.py), on the session's Ray
 cluster and without a fit: a ledger built here opens its writer in the host, the host drops the
-writer of a ledger that died and ends itself when idle, a host lost mid-fit leaves a journal that
-`ray-ormas mlflow-sync` finishes, and a writer the host cannot take is written here, losing
-nothing. (The host serving the fits of one job is checked on test_mlflow.py's fits.)"""
+writer of a ledger that died, applies a fit's calls in the ledger's order and ends itself when
+idle, a host lost mid-fit leaves a journal that `ray-ormas mlflow-sync` finishes, and a writer
+the host cannot take is written here, losing nothing. (The host serving the fits of one job is
+checked on test_mlflow.py's fits.)"""
 
 from __future__ import annotations
 
@@ -51,10 +52,14 @@ def host_holding(fit_id: str, timeout_s: float = 60) -> tuple[str, dict]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["namespace"] == NAMESPACE:
+            if actor["namespace"] != NAMESPACE:
+                continue
+            try:
                 served = ray.get(ray.get_actor(actor["name"], namespace=NAMESPACE).served.remote(), timeout=30)
-                if fit_id in served["open"]:
-                    return actor["name"], served
+            except (ValueError, ray.exceptions.RayActorError):  # a host that ended since the listing
+                continue
+            if fit_id in served["open"]:
+                return actor["name"], served
         time.sleep(0.5)
     raise AssertionError(f"no MLflow host holds fit {fit_id}")
 

@@ -174,10 +174,14 @@ class MLflowHost:
                     return
                 method, args = fit.early.pop(fit.applied)
                 writer = fit.writer
-            if method:
-                getattr(writer, method)(*args)
-            with self._lock:
-                fit.applied += 1
+            try:
+                if method:
+                    getattr(writer, method)(*args)
+            except Exception as e:  # never stalls the fit's later calls; the record keeps it all
+                logger.error("the MLflow writer's %s failed (%s: %s); passed over", method, type(e).__name__, e)
+            finally:
+                with self._lock:
+                    fit.applied += 1
 
     def _caught_up(self, fit_id: str, calls: int) -> bool:
         fit = self._fits.get(fit_id)

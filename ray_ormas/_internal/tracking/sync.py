@@ -56,6 +56,7 @@ METRICS_PER_BATCH = 1000  # MLflow's limits per log_batch request
 PARAMS_PER_BATCH = 100
 MAX_DOUBLE = 1.7976931348623157e308
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
+FIT_ID_TAG = "ray_ormas.fit_id"  # the fit a run belongs to: a run is never created twice for one fit
 
 Entry = tuple[str, float, int]  # (metric name, value, step)
 
@@ -268,7 +269,15 @@ def open_run(client: Any, journal: TrackingJournal) -> str:
                 else Path(uri.removeprefix("sqlite:///")).resolve().parent.joinpath("artifacts").as_uri()
             )
             exp_id = client.create_experiment(journal.experiment, artifact_location=location)
-        run_id = client.create_run(exp_id, run_name=journal.mlflow_run_name, tags=journal.tags).info.run_id
+        # A run an earlier try created (its answer lost, or the tracker gone before its params):
+        # taken, never created twice.
+        earlier = client.search_runs([exp_id], filter_string=f"tags.`{FIT_ID_TAG}` = '{journal.fit_id}'", max_results=1)
+        if earlier:
+            run_id = earlier[0].info.run_id
+            existing = dict(earlier[0].data.params)
+        else:
+            first_tags = {**journal.tags, FIT_ID_TAG: journal.fit_id}
+            run_id = client.create_run(exp_id, run_name=journal.mlflow_run_name, tags=first_tags).info.run_id
     params = journal.params
     changed = [k for k, v in params.items() if k in existing and existing[k] != v]
     items = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in params.items() if k not in existing]
