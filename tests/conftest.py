@@ -27,9 +27,11 @@ import pytest
 from .fit_count import FitCountPlugin
 from .s3_server import S3Server, free_port, s3_environment
 from .shared_fits import (  # noqa: F401  (fixtures)
+    busy_fit,
     failed_fit,
     healthy_fit,
     killed_and_repaired_fit,
+    repaired_example_fit,
     watched_fit,
     worker_view_fit,
 )

@@ -59,7 +59,8 @@ def lightning_train_func():
     trainer.fit(model, train_dataloaders=train_dataloader)
 
 
-def lightning_train_func_nan_on_rank_1():
-    """The quickstart, unchanged, with rank 1's loss NaN at its step 4 (fleet tests)."""
-    nan_on_rank(1, "DigitsCNN", at_forward=4)
+def lightning_train_func_nan_on_rank_1(config):
+    """The quickstart, unchanged, with rank 1's loss NaN at its step `config["nan_at"]` (the
+    callback attaches the monitor at the first step: the loop's forward k is its step k)."""
+    nan_on_rank(1, "DigitsCNN", at_forward=config["nan_at"])
     lightning_train_func()

@@ -214,8 +214,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     (reports also carry the loss, a string and a NaN), storage_root +
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
     each checkpoint report and returns the line counts it saw), upload_mode (Ray's
-    CheckpointUploadMode by name, e.g. "ASYNC"), done_marker + sleep_after (rank 0 creates that
-    file after its last report and sleeps that long before returning), slow_rank + slow_s (that
+    CheckpointUploadMode by name, e.g. "ASYNC"; a list: one per epoch, in turn), done_marker +
+    sleep_after (rank 0 creates that file after its last report and sleeps that long before
+    returning), slow_rank + slow_s (that
     rank sleeps that long before every step), wait_for_url + wait_at (rank 0 waits before that
     global step until the URL answers, at most 5 minutes: a tracker outage the test started ends
     inside the fit however slow the machine is at bringing the server back).
@@ -267,11 +268,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = {"epoch": epoch, "step": step}
         if config.get("extra_metrics"):
             metrics.update(loss=float(loss), note=f"epoch {epoch}", ratio=float("nan"))
-        upload = (
-            {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[config["upload_mode"]]}
-            if config.get("upload_mode")
-            else {}
-        )
+        modes = config.get("upload_mode") or []
+        modes = [modes] if isinstance(modes, str) else modes
+        upload = {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[modes[epoch % len(modes)]]} if modes else {}
         ray_ormas.report(metrics, checkpoint=checkpoint, **upload)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
@@ -327,42 +326,49 @@ def elastic_loop(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
-    """FSDP2 training of TinyTransformer on a synthetic sequence task. At step `probe_step` every
-    rank gathers the full gradients (a collective) so rank 0 can return the true global norm of
-    each layer, to compare with what the monitor recorded. From `explode_at` on, the loss is
-    multiplied by 10^4, so the gradient alarms must fire. Then the checkpoint round
-    (`fsdp_checkpoint_round`) on the trained model, under "checkpoint"."""
+    """FSDP2 training of one TinyTransformer per way of sharding (`shardings`: a monitor name ->
+    `parallel_strategy_kwargs`, None for FSDP2's default of one unit per child module), each with
+    its optimizer and its monitor, on the same synthetic sequence batches. At step `probe_step`
+    every rank gathers each model's full gradients (a collective) so rank 0 can return the true
+    global norm of each layer, to compare with what its monitor recorded. From `explode_at` on,
+    the losses are multiplied by 10^4, so the gradient alarms must fire. Then each trained model's
+    checkpoint round (`fsdp_checkpoint_round`). Returns, per monitor name, what it saw."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rank = ray.train.get_context().get_world_rank()
-    model = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs=config.get("fsdp_kwargs"))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    mon = ray_ormas.monitor(model, opt)
+    trained = {}
+    for name, kwargs in config["shardings"].items():
+        model = ray_ormas.prepare_model(TinyTransformer(), parallel_strategy_kwargs=kwargs)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        trained[name] = (model, opt, ray_ormas.monitor(model, opt, name=name), kwargs)
     gen = torch.Generator().manual_seed(rank)
-    reference: dict[str, float] = {}
+    reference: dict[str, dict[str, float]] = {name: {} for name in trained}
     steps = config.get("steps", 12)
     for step in range(steps):
         start = torch.randint(0, 32, (16, 1), generator=gen)
         seq = (start + torch.arange(9)) % 32  # learnable: each token is the previous + 1
-        logits = model(seq[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 32), seq[:, 1:].reshape(-1))
-        if step >= config.get("explode_at", 1 << 30):
-            loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
-        opt.zero_grad()
-        loss.backward()
-        if step == config.get("probe_step"):
-            for name, module in model.named_modules():
-                grads = [p.grad.full_tensor() for p in module.parameters(recurse=False) if p.grad is not None]
-                if grads:
-                    reference[name] = float(torch.sqrt(sum(g.float().norm() ** 2 for g in grads)))
-        mon.step(loss)
-        opt.step()
-    is_dtensor = all(hasattr(p, "placements") for p in model.parameters())
+        for name, (model, opt, mon, _) in trained.items():
+            logits = model(seq[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 32), seq[:, 1:].reshape(-1))
+            if step >= config.get("explode_at", 1 << 30):
+                loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
+            opt.zero_grad()
+            loss.backward()
+            if step == config.get("probe_step"):
+                for layer, module in model.named_modules():
+                    grads = [p.grad.full_tensor() for p in module.parameters(recurse=False) if p.grad is not None]
+                    if grads:
+                        reference[name][layer] = float(torch.sqrt(sum(g.float().norm() ** 2 for g in grads)))
+            mon.step(loss)
+            opt.step()
     return {
-        "reference": reference,
-        "dtensor_params": is_dtensor,
-        "monitor_class": type(mon.monitor).__name__,
-        "checkpoint": fsdp_checkpoint_round(model, opt, steps, config.get("fsdp_kwargs")),
+        name: {
+            "reference": reference[name],
+            "dtensor_params": all(hasattr(p, "placements") for p in model.parameters()),
+            "monitor_class": type(mon.monitor).__name__,
+            "checkpoint": fsdp_checkpoint_round(model, opt, steps, kwargs),
+        }
+        for name, (model, opt, mon, kwargs) in trained.items()
     }
 
 

@@ -2,21 +2,39 @@
 cluster, when the first test that needs it asks, and every test that reads it asserts its own
 consequence of it (the suite's budget of fits: docs/contributing.md).
 
-* `healthy_fit`: the digits CNN under DDP, 24 steps, a check every 4, a periodic report every 2
-  checks, two checkpointed reports of the loop's own, the monitor closed in the loop; fleet
-  health and the embedded MLflow store on, as by default. Read by the DDP tests (the record, the
-  reports, the checkpoint pointer, MLflow) and the fleet tests (no alarm, replicas agree).
+* `healthy_fit`: the digits CNN under DDP, 24 steps (0.3 s each), a check every 4, a periodic
+  report every 2 checks, two checkpointed reports of the loop's own (Ray keeping only the last),
+  the monitor closed in the loop; fleet health and the embedded MLflow store on, as by default,
+  with an experiment, a tag and every checkpoint logged, nested and long params, and a secret in
+  the environment that is also a param (what it printed is kept). Read by the DDP tests (the
+  record, the reports, the checkpoint pointer, MLflow), the fleet tests (no alarm, replicas
+  agree) and the MLflow tests (one complete run: params flattened, truncated and scrubbed; every
+  checkpoint uploaded before Ray's num_to_keep deleted it).
 * `watched_fit`: the lesioned digits CNN, watched only (no repair), 40 steps, with fleet health
   off. Read by the DDP tests (the dead layers certified and left dead) and the fleet tests
   (with fleet health off nothing of it runs).
 * `failed_fit`: the digits CNN whose loop raises ValueError at step 7 on both ranks, 20 steps
-  asked, a check every 2. Read by the DDP tests (the loop's exception reaches `fit()` unchanged,
-  the record keeps it) and the MLflow tests (the run is FAILED with the error, the record's files
-  are its artifacts).
-* `killed_and_repaired_fit`: the lesioned CNN repaired, rank 0 SIGKILLed in epoch 2 and Ray
-  resuming from epoch 1's checkpoint, rank 1 slowed in its data loading. Read by the run page's
-  test (the page shows the attempts, ranks and alarms) and the fault-tolerance tests (a repair
-  before the worker failure stays in the whole run's facts).
+  asked, a check every 2; before that, rank 1's loss is NaN at step 4 (a bad night of two faults:
+  the NaN changes nothing the error's consequences are read from). Read by the DDP tests (the
+  loop's exception reaches `fit()` unchanged, the record keeps it), the MLflow tests (the run is
+  FAILED with the error, the record's files are its artifacts) and the fleet tests (the NaN is
+  named with its rank, step and layer, in the fleet record of a fit that then failed).
+* `killed_and_repaired_fit`: the lesioned CNN repaired, 8 epochs, rank 0 SIGKILLed in epoch 2 and
+  Ray resuming from epoch 1's checkpoint, rank 1 slowed in its data loading. Read by the run
+  page's test (the page shows the attempts, ranks and alarms) and the fault-tolerance tests (a
+  repair before the worker failure stays in the whole run's facts; the resume is bit-identical
+  to that module's uninterrupted run of the same loop, lesion and repair, and its segments link).
+
+* `busy_fit`: a bad night of three faults that do not touch each other's signal: a tiny CNN (a
+  forward of about 1 ms) on a machine oversubscribed twice over (timings: rank 0 starts two
+  processes that spin while the loop runs), rank 1's weights changed outside DDP after step 22
+  (digests), and the loss multiplied by 10^4 from step 150 on every rank (gradients); 200 steps,
+  a check every 5, no MLflow. Read by the fleet tests (no straggler named, divergence at the next
+  check) and the strategies test (DDP's gradient alarms fire when gradients explode).
+
+* `repaired_example_fit`: examples/digits_ddp.py's `main`, as its test calls it: the lesioned
+  digits CNN repaired, 3 epochs on 2 workers, a report per epoch. Read by the examples' test (the
+  example runs as written) and the DDP tests (the repair is the same on every rank).
 
 * `worker_view_fit`: `worker_view_loop` on 2 workers with a global batch of 48, a Ray dataset
   left unsplit by its `DataConfig`, and a `ValidationConfig`. Read by the trainer-arguments test
@@ -30,6 +48,9 @@ it on the digits_repair example's second run.)
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +65,7 @@ from ray.train import (
     ValidationConfig,
 )
 
-from ray_ormas import BatchSize, RayOrmasResult, RayOrmasTrainer
+from ray_ormas import BatchSize, MLflowSettings, RayOrmasResult, RayOrmasTrainer
 
 from .loops import digits_loop, resume_loop, validate_checkpoint, worker_view_loop
 
@@ -63,26 +84,47 @@ class _Run:
 
 @dataclass(frozen=True)
 class SharedFit(_Run):
-    """A fit that returned: its result, and where its run is."""
+    """A fit that returned: its result, where its run is, and what it printed when that was kept."""
 
     result: RayOrmasResult
+    printed: str = ""
+
+
+SECRET = "s3cr3t-t0ken"  # healthy_fit's MLFLOW_TRACKING_TOKEN, and a param's value
 
 
 @pytest.fixture(scope="session")
 def healthy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit:
     storage = tmp_path_factory.mktemp("healthy-fit")
-    result = RayOrmasTrainer(
-        digits_loop,
-        check_every=4,
-        report_every=2,
-        verbose=False,
-        train_loop_config={"steps": 24, "report_at": [8, 16], "checkpoint": True, "close_in_loop": True},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(
-            name="healthy", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
-        ),
-    ).fit()
-    return SharedFit(storage, "healthy", result=result)
+    config = {
+        "steps": 24,
+        "report_at": [8, 16],
+        "checkpoint": True,
+        "close_in_loop": True,
+        "sleep_per_step": 0.3,
+        "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}},
+        "long": "x" * 7000,
+        "api": SECRET,
+    }
+    out, err = io.StringIO(), io.StringIO()
+    os.environ["MLFLOW_TRACKING_TOKEN"] = SECRET
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            result = RayOrmasTrainer(
+                digits_loop,
+                check_every=4,
+                report_every=2,
+                verbose=False,
+                mlflow=MLflowSettings(experiment_name="one-run", tags={"team": "vision"}, log_checkpoints="all"),
+                train_loop_config=config,
+                scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(
+                    name="healthy", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
+                ),
+            ).fit()
+    finally:
+        del os.environ["MLFLOW_TRACKING_TOKEN"]
+    return SharedFit(storage, "healthy", result=result, printed=out.getvalue() + err.getvalue())
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +157,7 @@ def failed_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> FailedF
         digits_loop,
         check_every=2,
         verbose=False,
-        train_loop_config={"steps": 20, "raise_at": 7},
+        train_loop_config={"steps": 20, "raise_at": 7, "nan_rank": 1, "nan_at": 4},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="boom", storage_path=str(storage)),
     )
@@ -130,7 +172,7 @@ def killed_and_repaired_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactor
     result = RayOrmasTrainer(
         resume_loop,
         train_loop_config={
-            "epochs": 4,
+            "epochs": 8,
             "lesion": True,
             "kill_rank": 0,
             "kill_at": 20,  # 4 steps into epoch 2; the last checkpoint is epoch 1's (step 16)
@@ -145,6 +187,37 @@ def killed_and_repaired_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactor
         run_config=RunConfig(name="paged", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
     ).fit()
     return SharedFit(storage, "paged", result=result)
+
+
+@pytest.fixture(scope="session")
+def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit:
+    storage = tmp_path_factory.mktemp("busy-fit")
+    result = RayOrmasTrainer(
+        digits_loop,
+        check_every=5,
+        verbose=False,
+        mlflow=False,
+        train_loop_config={
+            "steps": 200,
+            "tiny": True,
+            "spinners": 2,
+            "nudge_rank": 1,
+            "nudge_at": 22,
+            "explode_at": 150,
+        },
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="busy", storage_path=str(storage)),
+    ).fit()
+    return SharedFit(storage, "busy", result=result)
+
+
+@pytest.fixture(scope="session")
+def repaired_example_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit:
+    from examples import digits_ddp
+
+    storage = tmp_path_factory.mktemp("repaired-example-fit")
+    result = digits_ddp.main(workers=2, epochs=3, repair=True, storage_path=str(storage))
+    return SharedFit(storage, "digits-example-repair", result=result)
 
 
 @pytest.fixture(scope="session")

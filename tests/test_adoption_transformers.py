@@ -4,33 +4,36 @@ unchanged (transformers.py)."""
 from __future__ import annotations
 
 import pytest
-from ray.train import RunConfig, ScalingConfig
 
-from ray_ormas import RayOrmasTrainer
-
-from .test_adoption import a_nan_on_rank_1_is_named, check_one_record_one_run_and_the_fleet
+from .test_adoption import (
+    adopted_fit,
+    check_one_record_one_run_and_the_fleet,
+    check_the_fleet_names_rank_1s_nan,
+    last_check,
+    per_epoch,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-def quickstart_loop():
-    """Ray's quickstart loop, imported only when a test runs it (Transformers takes seconds to import)."""
-    from .transformers_quickstart import transformers_train_func
+@pytest.fixture(scope="module")
+def transformers_fit(ray_cluster, tmp_path_factory):
+    """Ray's Transformers quickstart unchanged (imported only here: Transformers takes seconds to
+    import); rank 1's loss NaN at the monitor's last check (2 epochs, the callback stepping the
+    monitor from the first step). The loop's output_dir is relative, as in Ray's example: the
+    trainer runs in the fit's storage folder."""
+    from .transformers_quickstart import transformers_train_func_nan_on_rank_1
 
-    return transformers_train_func
+    storage = tmp_path_factory.mktemp("transformers")
+    nan_step = last_check(2 * per_epoch())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(storage)
+        return adopted_fit(transformers_train_func_nan_on_rank_1, storage, "transformers", nan_step), nan_step
 
 
 @pytest.mark.timeout(300)
-def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every_rank(storage, monkeypatch):
-    monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
-    trainer = RayOrmasTrainer(
-        quickstart_loop(),
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(name="transformers", storage_path=str(storage)),
-        check_every=2,
-        verbose=False,
-    )
-    result = trainer.fit()
+def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every_rank(transformers_fit):
+    result, _ = transformers_fit
     run = result.ormas
     link = check_one_record_one_run_and_the_fleet(result, "BertForSequenceClassification")
     assert link["attached"]["by"] == "ormas-monitor's Transformers callback"
@@ -41,8 +44,6 @@ def test_a_transformers_trainer_on_ray_gets_ormas_monitors_own_callback_on_every
 
 
 @pytest.mark.timeout(300)
-def test_the_transformers_quickstart_gives_the_fleet_each_ranks_loss_and_names_a_nan_on_one_rank(storage, monkeypatch):
-    monkeypatch.chdir(storage)  # the loop's output_dir is relative, as in Ray's example
-    from .transformers_quickstart import transformers_train_func_nan_on_rank_1
-
-    a_nan_on_rank_1_is_named(transformers_train_func_nan_on_rank_1, storage, "transformers-nan", step=4)
+def test_the_transformers_quickstart_gives_the_fleet_each_ranks_loss_and_names_a_nan_on_one_rank(transformers_fit):
+    result, nan_step = transformers_fit
+    check_the_fleet_names_rank_1s_nan(result.ormas.fleet.alarms, result.path, step=nan_step)

@@ -385,6 +385,18 @@ def closest_on_a_ray_cluster(clone: Clone, command: DocCommand, head: RayHead) -
     return ran
 
 
+WATCH_EXAMPLE = "ray-ormas train examples/digits_watch.yaml"
+
+
+def check_the_watch_example(out: str) -> None:
+    """examples/digits_watch.yaml as its comment promises, on docs/cli.md's run of it (one epoch):
+    the 96 dead channels certified at the first check, left dead, and said in the summary; the
+    example's repair is checked on tests/test_train_command.py's run of digits_repair.yaml."""
+    assert "monitor 'model': 7 layers, 5 healthy" in out, out[-3000:]
+    assert "conv2.0       0         32         0            32  certified dead" in out, out[-3000:]
+    assert "conv3.0       0         64         0            64  certified dead" in out, out[-3000:]
+
+
 def check_the_job_on_a_token_head(clone: Clone, head: RayHead, ran: Ran) -> None:
     """docs/job-submit.md's "What is tested", on the run of its token-authenticated block: a wrong
     token is refused; the job's output has the connection line, progress lines and the summary
@@ -705,6 +717,8 @@ def test_the_command_runs_as_the_docs_say(command: DocCommand, clone: Clone, req
             assert ran.code == 0 and "config is valid" in ran.out, ran.out[-3000:]
         else:
             check_training_output(ran)
+        if trained_config(shortened(command.text)) == trained_config(shortened(WATCH_EXAMPLE)):
+            check_the_watch_example(ran.out)
     elif how == "run":
         ran = run_here(clone, command)
         assert ran.code == 0, ran.out[-3000:]

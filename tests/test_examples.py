@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from examples import digits_ddp
-
 
 @pytest.mark.timeout(240)
-def test_digits_example_repairs_and_reports_per_epoch(ray_cluster, tmp_path):
-    result = digits_ddp.main(workers=2, epochs=3, repair=True, storage_path=str(tmp_path))
+def test_digits_example_repairs_and_reports_per_epoch(repaired_example_fit):
+    result = repaired_example_fit.result  # digits_ddp.main(workers=2, epochs=3, repair=True, ...): tests/shared_fits.py
     assert result.ormas.final["ormas/channels_repaired"] == 32 + 64
     kinds = [per_rank[0]["ormas/kind"] for per_rank in result.ormas.reports]
     assert kinds == ["user", "user", "user", "final"]

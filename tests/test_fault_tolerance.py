@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
-from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, RunConfig, ScalingConfig
 
 from ray_ormas import RayOrmasTrainer, open_records
 
@@ -24,9 +24,12 @@ STEPS_PER_EPOCH = 8  # 512 samples / 2 ranks / batch 32
 
 
 def fit(name: str, run_config: RunConfig, **config) -> object:
+    """resume_loop on 2 workers as the shared killed-and-repaired fit runs it (the lesioned CNN,
+    repaired, a check every 3), without MLflow and without a fault."""
     return RayOrmasTrainer(
         resume_loop,
-        train_loop_config=config,
+        train_loop_config={"lesion": True, **config},
+        repair=True,
         check_every=3,
         verbose=False,
         mlflow=False,
@@ -46,10 +49,16 @@ class BucketFit:
     new_temporary_folders: dict[str, int]
 
 
-def fit_in_a_bucket(bucket: Path, upload_mode: str) -> BucketFit:
-    """8 epochs into a non-local filesystem (a folder seen through SubTreeFileSystem), checkpoints
-    uploaded the `upload_mode` way, rank 0 reading the record in storage back after each report;
-    with the temp folders it left on the node."""
+UPLOAD_MODES = ["SYNC", "ASYNC"]  # Ray's CheckpointUploadMode, one per epoch in turn
+
+
+@pytest.fixture(scope="module")
+def bucket_fit(tmp_path_factory: pytest.TempPathFactory) -> BucketFit:
+    """8 epochs of the lesioned CNN, repaired, into a non-local filesystem (a folder seen through
+    SubTreeFileSystem), the checkpoints uploaded each of Ray's ways in turn (SYNC, ASYNC, SYNC,
+    ...: an asynchronous upload may still run when the next, synchronous, report comes), rank 0
+    reading the record in storage back after each report; with the temp folders it left on the node."""
+    bucket = tmp_path_factory.mktemp("bucket") / "bucket"
     bucket.mkdir()
     before = temporary_folders()
     fs = SubTreeFileSystem(str(bucket), LocalFileSystem())
@@ -57,27 +66,12 @@ def fit_in_a_bucket(bucket: Path, upload_mode: str) -> BucketFit:
         "disk",
         RunConfig(name="disk", storage_path="runs", storage_filesystem=fs),
         epochs=8,
-        upload_mode=upload_mode,
+        upload_mode=UPLOAD_MODES,
         storage_root=str(bucket),
         storage_check="runs/disk/ormas/model/segment-000/diary.jsonl",
     )
     left = {name: size for name, size in temporary_folders().items() if name not in before}
     return BucketFit(result, bucket, left)
-
-
-_bucket_fits: dict[str, BucketFit] = {}
-
-
-def bucket_fit_for(upload_mode: str, tmp_path_factory: pytest.TempPathFactory) -> BucketFit:
-    """The module's one fit into a bucket per upload mode, run when a test first asks for it."""
-    if upload_mode not in _bucket_fits:
-        _bucket_fits[upload_mode] = fit_in_a_bucket(tmp_path_factory.mktemp("bucket") / "bucket", upload_mode)
-    return _bucket_fits[upload_mode]
-
-
-@pytest.fixture(scope="module", params=["SYNC", "ASYNC"])
-def bucket_fit(request, tmp_path_factory) -> BucketFit:
-    return bucket_fit_for(request.param, tmp_path_factory)
 
 
 @pytest.mark.timeout(300)
@@ -138,24 +132,18 @@ def test_many_checkpoints_leave_no_temporary_copies_and_the_pointer_stays_right(
 
 @pytest.mark.timeout(420)
 def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_segments(
-    storage, tmp_path, tmp_path_factory
+    killed_and_repaired_fit, bucket_fit
 ):
-    # The uninterrupted run to compare with: the same loop, the same 8 epochs, into the bucket
-    # (where the record and checkpoints are stored changes nothing of the training).
-    whole = bucket_fit_for("SYNC", tmp_path_factory)
-    reference = whole.result
-    kill_at = 2 * STEPS_PER_EPOCH + 3  # rank 0 SIGKILLs itself 3 steps into epoch 2
-    resumed = fit(
-        "killed",
-        RunConfig(name="killed", storage_path=str(storage), failure_config=FailureConfig(max_failures=1)),
-        epochs=8,
-        kill_rank=0,
-        kill_at=kill_at,
-        kill_marker=str(tmp_path / "killed-once"),
-    )
+    # The shared killed-and-repaired fit (tests/shared_fits.py): rank 0 SIGKILLs itself 4 steps
+    # into epoch 2, after the lesion's repair. The uninterrupted run to compare with: the bucket
+    # fit, the same loop, lesion, repair and 8 epochs (where and how the record and checkpoints
+    # are stored, MLflow, and rank 1's slow data loading change nothing of the training).
+    reference = bucket_fit.result
+    resumed, storage = killed_and_repaired_fit.result, killed_and_repaired_fit.storage
+    kill_at = 2 * STEPS_PER_EPOCH + 4
 
     # It resumed from the last checkpoint Ray had registered: epoch 1's, or epoch 0's when the
-    # controller had not yet processed epoch 1's report when rank 0 died 3 steps later (seen under load).
+    # controller had not yet processed epoch 1's report when rank 0 died 4 steps later (seen under load).
     epoch = resumed.return_value["resumed_from_epoch"]
     assert epoch in (0, 1) and resumed.return_value["step"] == 8 * STEPS_PER_EPOCH
     offset = STEPS_PER_EPOCH * (epoch + 1)
@@ -166,10 +154,10 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
 
     # Two segments: the killed attempt's (no run_end, every row up to the kill on disk), and the
     # resumed one, linked to it and to the checkpoint it resumed from.
-    records = open_records(storage / "killed")
+    records = open_records(storage / "paged")
     first, second = records.segments()
     assert not first.complete and second.complete
-    killed_rows = lines((storage / "killed/ormas/model/segment-000/metrics.jsonl").read_bytes())
+    killed_rows = lines((storage / "paged/ormas/model/segment-000/metrics.jsonl").read_bytes())
     assert [r["step"] for r in killed_rows] == list(range(0, kill_at, 3))  # 0, 3, ..., 18: none lost
     checks = {c.name: c.status for c in verify_run(first.path).checks}
     assert checks["chain"] == "pass" and checks["bookends"] == "fail"  # verify: "no run_end"
@@ -179,17 +167,17 @@ def test_a_killed_worker_resumes_from_its_checkpoint_bit_identical_with_linked_s
     assert link["previous"]["segment"] == "segment-000" and link["previous"]["complete"] is False
     assert (
         link["previous"]["last_hash"]
-        == lines((storage / "killed/ormas/model/segment-000/diary.jsonl").read_bytes())[-1]["hash"]
+        == lines((storage / "paged/ormas/model/segment-000/diary.jsonl").read_bytes())[-1]["hash"]
     )
     assert link["step_offset"] == offset
     assert link["resumed_from"]["record"]["segment"] == "segment-000"
-    assert link["resumed_from"]["checkpoint"].startswith(str(storage / "killed" / "checkpoint_"))
+    assert link["resumed_from"]["checkpoint"].startswith(str(storage / "paged" / "checkpoint_"))
 
     # Read back: the run's steps line up across the two segments, as in the whole run's record.
     metrics = records.metrics()
     run_steps = metrics.column("run_step").to_pylist()
     assert run_steps == list(range(0, kill_at, 3)) + [offset + s for s in range(0, 8 * STEPS_PER_EPOCH - offset, 3)]
-    whole = open_records(whole.bucket / "runs" / "disk").metrics()
+    whole = open_records(bucket_fit.bucket / "runs" / "disk").metrics()
     assert whole.column("run_step").to_pylist()[:7] == run_steps[:7]
     assert whole.column("loss").to_pylist()[:7] == metrics.column("loss").to_pylist()[:7]
 

@@ -126,50 +126,44 @@ def test_healthy_digits_run_raises_no_fleet_alarm(healthy_fit):
     assert fleet.loss_mean is not None and fleet.loss_rank0 is not None
 
 
-@pytest.fixture(scope="module")
-def busy_and_diverged(ray_cluster, tmp_path_factory) -> tuple[ray_ormas.RayOrmasResult, Path]:
-    """A bad night of two faults that do not touch each other's signal: a machine oversubscribed
-    twice over (timings) and rank 1's weights changed outside DDP after step 22 (digests).
-    Rank 0 starts two processes that spin while the loop runs, beside the 2 workers (and Ray's
-    own): each rank is descheduled for milliseconds at random, many times a forward pass of
-    about 1 ms. Such noise once raised "compute" straggler alarms ("4.7 ms against 0.9 ms")."""
-    storage = tmp_path_factory.mktemp("busy")
-    result = fit(storage, "busy", steps=200, tiny=True, spinners=2, nudge_rank=1, nudge_at=22, mlflow=False)
-    return result, storage
-
-
 @pytest.mark.timeout(300)
-def test_a_fast_model_on_a_machine_oversubscribed_twice_over_raises_no_straggler_alarm(busy_and_diverged):
-    result, storage = busy_and_diverged
+def test_a_fast_model_on_a_machine_oversubscribed_twice_over_raises_no_straggler_alarm(busy_fit):
+    # The shared busy fit (tests/shared_fits.py): rank 0 starts two processes that spin while the
+    # loop runs, beside the 2 workers (and Ray's own), so each rank is descheduled for milliseconds
+    # at random, many times a forward pass of about 1 ms. Such noise once raised "compute" straggler
+    # alarms ("4.7 ms against 0.9 ms"). A check every 5 steps (CHECK_EVERY).
+    result = busy_fit.result
     fleet = result.ormas.fleet
     # The forward times themselves are not asserted: on a machine this oversubscribed a rank's
     # mean forward time is whatever the scheduler makes it (CI once measured 26 ms on one rank and
     # 9.5 ms on the other). What must hold is that such noise names no straggler.
     assert fleet.checks == 40, fleet.table()
     assert [a for a in fleet.alarms if a["kind"] == "straggler"] == [], fleet.table()
-    checks = ray_ormas.open_records(storage / "busy").fleet_checks().to_pylist()
+    checks = ray_ormas.open_records(busy_fit.run_dir).fleet_checks().to_pylist()
     # Each check's timings are the mean of the 5 steps up to it (the first check's: its one step).
     assert {r["timed_steps"] for r in checks if r["check"] > 0} == {CHECK_EVERY}
     assert {r["timed_steps"] for r in checks if r["check"] == 0} == {1}
 
 
 @pytest.mark.timeout(300)
-def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(busy_and_diverged):
-    result, _ = busy_and_diverged
-    [alarm] = alarms(result, "divergence")
+def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(busy_fit):
+    [alarm] = alarms(busy_fit.result, "divergence")
     assert alarm["ranks"] == [1] and alarm["step"] == 25  # the first check after step 22
     assert alarm["layer"] == "0"  # the first layer that differs: the tiny CNN's first conv
 
 
 @pytest.mark.smoke
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(storage):
-    result = fit(storage, "nan", steps=30, nan_rank=1, nan_at=15, mlflow=False)
-    [alarm] = alarms(result, "nonfinite")
-    assert alarm["ranks"] == [1] and alarm["step"] == 15 and alarm["source"] == "loss"
-    assert alarm["layer"] == "conv1.0" and "non-finite loss on rank(s) [1] at step 15" in alarm["message"]
-    check_the_fleet_names_rank_1s_nan(result, step=15)  # the explicit API: each rank's own loss before
+def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(failed_fit):
+    # The shared failing fit (tests/shared_fits.py): rank 1's loss NaN at step 4, a check every 2,
+    # then the loop raised at step 7. The fleet record in storage keeps the alarm the fit made.
+    alarms = [
+        json.loads(line) for line in ray_ormas.open_records(failed_fit.run_dir).fleet_alarms()["line"].to_pylist()
+    ]
+    alarm = check_the_fleet_names_rank_1s_nan(
+        alarms, failed_fit.run_dir, step=4
+    )  # the explicit API: each rank's own loss before
+    assert alarm["layer"] == "conv1.0" and "non-finite loss on rank(s) [1] at step 4" in alarm["message"]
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -7,8 +7,6 @@ reach the server), MLflow's metric histories must equal the record's rows at the
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import math
@@ -33,6 +31,7 @@ from ray_ormas import MLflowSettings, RayOrmasTrainer
 
 from .loops import digits_loop, resume_loop
 from .mlflow_server import MLflowServer, mlflow_server
+from .shared_fits import SECRET
 
 RAY_ORMAS = str(Path(sys.executable).with_name("ray-ormas"))
 
@@ -72,50 +71,16 @@ def diary(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "diary.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def tracked(ray_cluster, server, tmp_path_factory):
-    """One fit tracked on the server with tags, nested and long params and a secret in the
-    environment; three checkpointed reports, every checkpoint logged to MLflow, and Ray keeping
-    only the last (`num_to_keep=1`). What it printed is kept for the test that reads it."""
-    from ray.train import CheckpointConfig
-
-    storage = tmp_path_factory.mktemp("tracked")
-    os.environ["MLFLOW_TRACKING_TOKEN"] = "s3cr3t-t0ken"
-    config = {
-        "steps": 16,
-        "report_at": [4, 8, 12],
-        "checkpoint": True,
-        "sleep_per_step": 0.3,
-        "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}},
-        "long": "x" * 7000,
-        "api": "s3cr3t-t0ken",
-    }
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            result = fit(
-                storage,
-                "tracked",
-                MLflowSettings(
-                    tracking_uri=server, experiment_name="one-run", tags={"team": "vision"}, log_checkpoints="all"
-                ),
-                train_loop_config=config,
-                run_config=RunConfig(
-                    name="tracked", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
-                ),
-            )
-    finally:
-        del os.environ["MLFLOW_TRACKING_TOKEN"]
-    return result, storage, out.getvalue() + err.getvalue()
-
-
 @pytest.mark.timeout(300)
-def test_one_complete_run_per_fit(tracked, server):
-    result, _, printed = tracked
-    [run] = runs_of(server, "one-run")
-    client = MlflowClient(server)
+def test_one_complete_run_per_fit(healthy_fit):
+    # The shared healthy fit (tests/shared_fits.py), tracked in the embedded store as by default:
+    # the writer is the same for every store (the server's runs are checked below).
+    result, printed = healthy_fit.result, healthy_fit.printed
+    uri = f"sqlite:///{healthy_fit.run_dir / 'mlflow' / 'mlflow.db'}"
+    [run] = runs_of(uri, "one-run")
+    client = MlflowClient(uri)
     assert result.ormas.mlflow_run_id == run.info.run_id and run.info.status == "FINISHED"
-    assert run.info.run_name == "tracked" and run.data.tags["team"] == "vision"
+    assert run.info.run_name == "healthy" and run.data.tags["team"] == "vision"
     p = run.data.params
     assert p["train_loop_config.opt.sched.warmup"] == "3" and p["train_loop_config.opt.betas"] == "[0.9, 0.99]"
     assert p["monitor.config.check_every"] == "4" and p["monitor.repair"] == "False"
@@ -124,13 +89,13 @@ def test_one_complete_run_per_fit(tracked, server):
     assert "train_loop_config.long" in run.data.tags["ray_ormas.truncated_params"]
     assert p["train_loop_config.api"] == "***"  # the env's secret never lands
     losses = client.get_metric_history(run.info.run_id, "ormas/loss")
-    assert [m.step for m in losses] == [0, 4, 8, 12]  # one row per check, at its step
-    assert len(client.get_metric_history(run.info.run_id, "ormas/grad_norm/conv2.0")) == 4
+    assert [m.step for m in losses] == [0, 4, 8, 12, 16, 20]  # one row per check, at its step
+    assert len(client.get_metric_history(run.info.run_id, "ormas/grad_norm/conv2.0")) == 6
     assert client.get_metric_history(run.info.run_id, "ormas/events/manifest")[0].step == 0
     assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
     assert run.data.tags["ray_ormas.final_checkpoint"] == result.checkpoint.path
     record = "".join((result.ormas.record_dir / f).read_text() for f in ("diary.jsonl", "metrics.jsonl"))
-    assert "s3cr3t-t0ken" not in printed + record + json.dumps(run.data.tags)
+    assert SECRET not in printed + record + json.dumps(run.data.tags)
 
 
 def test_a_failed_fit_is_failed_with_the_error(failed_fit):
@@ -281,7 +246,7 @@ INTERRUPTED_DRIVER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from ray_ormas import MLflowSettings, RayOrmasTrainer
     from tests.loops import digits_loop
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address={address!r}, log_to_driver=False)  # the session's cluster: a driver (a job) of its own
     RayOrmasTrainer(digits_loop, train_loop_config={{"steps": 10000, "sleep_per_step": 0.05}}, check_every=2,
                     verbose=False, mlflow=MLflowSettings(tracking_uri={uri!r}, experiment_name="interrupted"),
                     scaling_config=ScalingConfig(num_workers=1),
@@ -290,9 +255,10 @@ INTERRUPTED_DRIVER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_on_the_driver_ends_the_run_as_killed(server, storage):
+def test_ctrl_c_on_the_driver_ends_the_run_as_killed(ray_cluster, server, storage):
     root = str(Path(__file__).resolve().parent.parent)
-    script = INTERRUPTED_DRIVER.format(root=root, uri=server, storage=str(storage))
+    address = ray_cluster.address_info["address"]
+    script = INTERRUPTED_DRIVER.format(root=root, uri=server, storage=str(storage), address=address)
     env = {**os.environ, "PYTHONPATH": root}
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
@@ -671,18 +637,19 @@ def test_workers_that_cannot_reach_the_tracker_leave_a_complete_run(isolated, se
 
 
 @pytest.mark.timeout(300)
-def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(tracked, server):
-    result, storage, _ = tracked
-    [run] = runs_of(server, "one-run")
-    client = MlflowClient(server)
-    kept = [p.name for p in (storage / "tracked").glob("checkpoint_*") if p.is_dir()]
+def test_all_checkpoints_are_uploaded_before_num_to_keep_deletes_them(healthy_fit, tmp_path):
+    result = healthy_fit.result  # log_checkpoints="all", num_to_keep=1 (tests/shared_fits.py)
+    uri = f"sqlite:///{healthy_fit.run_dir / 'mlflow' / 'mlflow.db'}"
+    [run] = runs_of(uri, "one-run")
+    client = MlflowClient(uri)
+    kept = [p.name for p in healthy_fit.run_dir.glob("checkpoint_*") if p.is_dir()]
     assert kept == [Path(result.checkpoint.path).name]  # Ray kept one
     uploaded = artifacts(client, run.info.run_id, "checkpoints")
-    assert len(uploaded) == 3 and set(kept) < uploaded  # MLflow has all three
+    assert len(uploaded) == 2 and set(kept) < uploaded  # MLflow has both
     listed = json.loads(
-        Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json", str(storage))).read_text()
+        Path(client.download_artifacts(run.info.run_id, "ray_ormas/checkpoints.json", str(tmp_path))).read_text()
     )
-    assert [c["step"] for c in listed] == [4, 8, 12] and {Path(c["path"]).name for c in listed} == uploaded
+    assert [c["step"] for c in listed] == [8, 16] and {Path(c["path"]).name for c in listed} == uploaded
 
 
 def test_the_writers_imports_take_only_idle_cpu_until_training_starts():

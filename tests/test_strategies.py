@@ -45,26 +45,31 @@ def fit(storage: Path, name: str, loop, workers: int = 2, **kwargs):
 
 
 # ---------------------------------------------------------------- Ray: strategies end to end
-@pytest.fixture(scope="module", params=[None, {"shard_modules": "encoder.layers.?"}], ids=["children", "layers"])
-def fsdp_fit(request, ray_cluster, tmp_path_factory):
-    """One FSDP2 fit per way of sharding: the gradient norms probed, the loss exploding from step 9,
-    then the trained model's checkpoint round (tests/loops.py)."""
+SHARDINGS = {"children": None, "layers": {"shard_modules": "encoder.layers.?"}}
+
+
+@pytest.fixture(scope="module")
+def fsdp_fit(ray_cluster, tmp_path_factory):
+    """One FSDP2 fit with a model per way of sharding (FSDP2's default, one unit per child; one per
+    encoder layer), each with its monitor: the gradient norms probed, the losses exploding from
+    step 9, then each trained model's checkpoint round (tests/loops.py)."""
     return fit(
         tmp_path_factory.mktemp("fsdp"),
         "fsdp",
         loops.fsdp_transformer_loop,
         strategy="fsdp",
         monitor_config=MonitorConfig(check_every=1, warmup=3),
-        train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "fsdp_kwargs": request.param},
+        train_loop_config={"steps": 12, "probe_step": 6, "explode_at": 9, "shardings": SHARDINGS},
     )
 
 
 @pytest.mark.timeout(240)
-def test_fsdp2_on_cpu_records_true_global_gradient_norms(fsdp_fit):
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_fsdp2_on_cpu_records_true_global_gradient_norms(fsdp_fit, sharding):
     result = fsdp_fit
-    out = result.return_value
+    out = result.return_value[sharding]
     assert out["dtensor_params"] and out["monitor_class"] == "ShardedGradientMonitor"
-    record = result.ormas.record_dir
+    record = Path(result.ormas.records[sharding])
     assert verify_run(record).ok
     manifest = next(e for e in diary(record) if e["event"] == "manifest")
     assert manifest["distributed"]["mode"] == "fsdp" and manifest["channel_checks"] is False
@@ -75,24 +80,19 @@ def test_fsdp2_on_cpu_records_true_global_gradient_norms(fsdp_fit):
     assert set(probe["grad"]) == set(out["reference"]) and len(probe["grad"]) >= 10
     for layer, norm in probe["grad"].items():  # the full gradients' norms, not a shard's
         assert math.isclose(norm, out["reference"][layer], rel_tol=1e-5), layer
-    digests = result.ormas.digests()[-1]
+    prefix = "ormas/" if sharding == "children" else f"ormas/{sharding}/"  # the first monitor is the main one
+    digests = result.ormas.digests(prefix + "param_digest")[-1]
     assert len(set(digests)) == 2  # each rank digests its own shards
     alarms = [e for e in diary(record) if e["event"] == "alarm"]
     assert alarms and {e["diagnosis"] for e in alarms} == {"exploding"} and min(e["step"] for e in alarms) >= 9
 
 
-@pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(240)
-def test_ddp_gradient_alarms_fire_when_gradients_explode(storage):
-    result = fit(
-        storage,
-        "explode",
-        loops.digits_loop,
-        monitor_config=MonitorConfig(check_every=1, warmup=3),
-        train_loop_config={"steps": 14, "explode_at": 10},
-    )
+def test_ddp_gradient_alarms_fire_when_gradients_explode(busy_fit):
+    # The shared busy fit (tests/shared_fits.py): the loss times 10^4 from step 150 of 200.
+    result = busy_fit.result
     alarms = [e for e in diary(result.ormas.record_dir) if e["event"] == "alarm"]
-    assert alarms and {e["diagnosis"] for e in alarms} == {"exploding"} and min(e["step"] for e in alarms) >= 10
+    assert alarms and {e["diagnosis"] for e in alarms} == {"exploding"} and min(e["step"] for e in alarms) >= 150
     assert result.ormas.final["ormas/alarms"] == len(alarms)
 
 
@@ -280,7 +280,8 @@ def test_epochs_says_once_per_rank_when_several_ranks_share_a_sampler_without_se
 
 
 @pytest.mark.timeout(240)
-def test_fsdp2_checkpoints_save_full_state_and_restore_identically_on_every_rank(fsdp_fit):
-    out = fsdp_fit.return_value["checkpoint"]  # saved after the fit's 12 steps
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_fsdp2_checkpoints_save_full_state_and_restore_identically_on_every_rank(fsdp_fit, sharding):
+    out = fsdp_fit.return_value[sharding]["checkpoint"]  # saved after the fit's 12 steps
     assert out["step"] == 12 and out["same_params"] and out["same_optimizer"] and out["same_after_training"]
     assert out["saved_keys"] == ["embed.weight", "encoder.layers.0.linear1.bias", "encoder.layers.0.linear1.weight"]

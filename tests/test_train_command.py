@@ -286,11 +286,8 @@ def finished(console, tmp_path: Path, example: str, *overrides: str) -> str:
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.timeout(300)
-def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
-    watch = finished(console, tmp_path, "digits_watch.yaml", "train.epochs=3")
-    assert "monitor 'model': 7 layers, 5 healthy" in watch
-    assert "conv2.0       0         32         0            32  certified dead" in watch
-    assert "conv3.0       0         64         0            64  certified dead" in watch
+def test_the_digits_repair_example_heals_and_running_it_again_continues_the_run(console, tmp_path):
+    # The watch example's certificates are checked on docs/cli.md's run of it (tests/test_doc_commands.py).
     repair = finished(console, tmp_path, "digits_repair.yaml", "train.epochs=3")
     assert "conv2.0       0         32        32             0  repaired" in repair
     assert "conv3.0       0         64        64             0  repaired" in repair
@@ -320,10 +317,9 @@ def test_digits_examples_watch_certifies_and_repair_heals(console, tmp_path):
     (fleet_line,) = [line for line in again.splitlines() if line.startswith("fleet:")]
     assert fleet_line.startswith("fleet: nothing in this fit") and fleet_line.endswith(str(run_dir / "ormas" / "fleet"))
     assert "conv2.0       0         32        32             0  repaired" in again
-    for name in ("digits-watch", "digits-repair"):
-        record = tmp_path / name / "ormas" / "model" / "segment-000"
-        assert verify_run(record).ok and (record / "report.html").is_file()
-        assert sorted(p.name for p in (tmp_path / name).glob("checkpoint_*") if p.is_dir()).__len__() == 2
+    record = tmp_path / "digits-repair" / "ormas" / "model" / "segment-000"
+    assert verify_run(record).ok and (record / "report.html").is_file()
+    assert len([p for p in (tmp_path / "digits-repair").glob("checkpoint_*") if p.is_dir()]) == 2
 
 
 @pytest.mark.usefixtures("ray_cluster")

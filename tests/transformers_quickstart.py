@@ -70,7 +70,8 @@ def transformers_train_func():
     trainer.train()
 
 
-def transformers_train_func_nan_on_rank_1():
-    """The quickstart, unchanged, with rank 1's loss NaN at its step 4 (fleet tests)."""
-    nan_on_rank(1, "BertForSequenceClassification", at_forward=4)
+def transformers_train_func_nan_on_rank_1(config):
+    """The quickstart, unchanged, with rank 1's loss NaN at its step `config["nan_at"]` (the
+    callback attaches the monitor at the first step: the loop's forward k is its step k)."""
+    nan_on_rank(1, "BertForSequenceClassification", at_forward=config["nan_at"])
     transformers_train_func()
