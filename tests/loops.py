@@ -210,16 +210,15 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     restored too. Options: epochs, lesion (zero conv2 and conv3 first), kill_rank / kill_at (that
     rank SIGKILLs itself before global step `kill_at`, once: `kill_marker` is created first),
     sleep_per_step, kill_server_at + server_pgid (rank 0 SIGKILLs that process group before that
-    global step), extra_metrics
-    (reports also carry the loss, a string and a NaN), storage_root +
+    global step), extra_metrics (reports also carry the loss, a string and a NaN), storage_root +
     storage_check (rank 0 reads the persisted diary through that SubTreeFileSystem root after
     each checkpoint report and returns the line counts it saw), upload_mode (Ray's
     CheckpointUploadMode by name, e.g. "ASYNC"; a list: one per epoch, in turn), done_marker +
     sleep_after (rank 0 creates that file after its last report and sleeps that long before
-    returning), slow_rank + slow_s (that
-    rank sleeps that long before every step), wait_for_url + wait_at (rank 0 waits before that
-    global step until the URL answers, at most 5 minutes: a tracker outage the test started ends
-    inside the fit however slow the machine is at bringing the server back).
+    returning), slow_rank + slow_s (that rank sleeps that long before every step), wait_for_url +
+    wait_at (rank 0 waits before that global step until the URL answers, at most 5 minutes: a
+    tracker outage the test started ends inside the fit however slow the machine is at bringing
+    the server back).
     """
     import signal
     import time

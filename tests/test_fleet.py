@@ -160,9 +160,8 @@ def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(failed_fit):
     alarms = [
         json.loads(line) for line in ray_ormas.open_records(failed_fit.run_dir).fleet_alarms()["line"].to_pylist()
     ]
-    alarm = check_the_fleet_names_rank_1s_nan(
-        alarms, failed_fit.run_dir, step=4
-    )  # the explicit API: each rank's own loss before
+    # The explicit API (mon.step): each rank's own loss at every check before the NaN.
+    alarm = check_the_fleet_names_rank_1s_nan(alarms, failed_fit.run_dir, step=4)
     assert alarm["layer"] == "conv1.0" and "non-finite loss on rank(s) [1] at step 4" in alarm["message"]
 
 
