@@ -3,7 +3,7 @@ artifact of its MLflow run, read in a real browser against the record.
 
 The fit (`killed_and_repaired_fit`, tests/shared_fits.py) has what the page must show: two
 attempts (rank 0 is killed in the first, so its segment is cut short; Ray resumes from the
-epoch-1 checkpoint), a lesion that is certified and repaired, and a rank slowed in data
+last checkpoint it registered), a lesion that is certified and repaired, and a rank slowed in data
 loading, so the fleet raises a straggler alarm in each attempt.
 """
 
@@ -44,7 +44,10 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
     ]
     assert bars == [(s.monitor, s.index, str(s.attempt), str(s.complete).lower()) for s in segments]
     assert [b[3] for b in bars] == ["false", "true"]  # rank 0 was killed: its segment has no run_end
-    assert [int(a["data-from"]) for a in shown.having("attempt")] == [s.step_offset for s in segments] == [0, 16]
+    # The resume is from epoch 1's checkpoint (run step 16), or epoch 0's (8) when Ray's controller
+    # had not registered epoch 1's when rank 0 died 4 steps later (test_fault_tolerance.py allows both).
+    assert [int(a["data-from"]) for a in shown.having("attempt")] == [s.step_offset for s in segments]
+    assert segments[0].step_offset == 0 and segments[1].step_offset in (8, 16)
     assert "attempt 0, 2 ranks: incomplete" in shown.dom
 
     # The fleet's ranks, and a marker on every alarm's rank and check, in both pictures.
