@@ -49,13 +49,22 @@ SYSTEM_FIXTURES = {"s3", "server", "clone", "ray_head", "ray_head_with_token"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test by what it needs: `ray` (the session's cluster), `system` (processes of its own)."""
+    """Mark each test by what it needs: `ray` (the session's cluster), `system` (processes of its
+    own); run the modules that need neither first."""
     for item in items:
         needs = set(getattr(item, "fixturenames", ()))
         if "ray_cluster" in needs:
             item.add_marker(pytest.mark.ray)
         if needs & SYSTEM_FIXTURES:
             item.add_marker(pytest.mark.system)
+    # Modules whose tests need neither go first, whole (a module's fixtures live while its tests
+    # run in a row): the fresh clone's install runs in the background meanwhile (`clone_setup`).
+    heavy = {
+        item.nodeid.split("::")[0]
+        for item in items
+        if item.get_closest_marker("ray") or item.get_closest_marker("system")
+    }
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in heavy)
 
 
 @pytest.fixture(scope="session")
@@ -77,13 +86,28 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def clone_setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The fresh clone's setup (the README demo command's venv and install), begun in the
+    background before the first test when a selected test needs the clone (tests/fresh_clone.py);
+    stopped at the end of the session if it is still running."""
+    if not any("clone" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
+    from .fresh_clone import CloneSetup
+
+    setup = CloneSetup(tmp_path_factory.mktemp("docs"))
+    yield setup
+    setup.stop()
+
+
 @pytest.fixture(scope="session")
-def clone(tmp_path_factory):
+def clone(clone_setup):
     """A fresh clone with the README's demo command run in it (tests/fresh_clone.py): once per
     session, for the docs' commands and the demo's own test."""
     from .fresh_clone import make_clone
 
-    return make_clone(tmp_path_factory)
+    return make_clone(clone_setup)
 
 
 @pytest.fixture

@@ -2,6 +2,13 @@
 would: shared by the tests of the docs' commands (test_doc_commands.py) and of the demo
 (test_demo_and_cli.py), so the demo runs once per test session.
 
+The command is `SETUP && DEMO`: the virtual environment and the install, then the demo. The
+setup begins in the background when the session starts (`CloneSetup`, from tests/conftest.py)
+and runs while the tests that need neither Ray nor processes of their own run (they go first);
+`make_clone` waits for it and then runs the demo in the same folder and environment, only if
+the setup succeeded, as `&&` would. The install is the slowest step of the suite; most of it
+now overlaps other work.
+
 Every process a test starts here runs in its own session and is killed by its process group;
 Ray daemons that appear during a command and outlive it are killed by pid, and the test fails.
 """
@@ -22,6 +29,7 @@ from .doc_commands import ROOT, harvest
 
 RAY_DAEMONS = ("raylet", "gcs_server")
 README_DEMO = next(c for c in harvest() if c.doc == "README.md" and c.block is not None)
+SETUP, DEMO = README_DEMO.text.rsplit(" && ", 1)  # the venv and the install; `.venv/bin/ray-ormas demo`
 
 
 @dataclass(frozen=True)
@@ -118,14 +126,54 @@ def repository_files() -> list[str]:
     return [f for f in listed if f and (ROOT / f).is_file()]
 
 
-def make_clone(tmp_path_factory: pytest.TempPathFactory) -> Clone:
-    """The repository's files copied to a new folder, and the README's demo command run there."""
-    base = tmp_path_factory.mktemp("docs")
-    root = base / "ray-ormas"
-    files = repository_files()
-    for rel in files:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, root / rel)
-    c = Clone(root, files, base)
-    c.demo = bash(README_DEMO.text, cwd=root, env=c.env(base / "home-demo"), timeout=1500)
+class CloneSetup:
+    """The repository's files copied to a new folder, and the README demo command's setup begun
+    there in its own session (its output goes to a file: nobody reads a pipe while it runs)."""
+
+    def __init__(self, base: Path) -> None:
+        root = base / "ray-ormas"
+        files = repository_files()
+        for rel in files:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, root / rel)
+        self.clone = Clone(root, files, base)
+        self.env = self.clone.env(base / "home-demo")
+        self.log = base / "setup.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                ["bash", "-c", SETUP],
+                cwd=root,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait(self, timeout: float) -> Ran:
+        """The setup's outcome, once it has finished (killed and failed after `timeout` s)."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            pytest.fail(
+                f"`{SETUP}` did not finish in {timeout:.0f} s; its output ended with:\n{self.log.read_text()[-3000:]}"
+            )
+        finally:
+            kill_group(self.proc)
+        return Ran(code, self.log.read_text(), self.clone.root)
+
+    def stop(self) -> None:
+        kill_group(self.proc)
+        self.proc.wait(timeout=30)
+
+
+def make_clone(setup: CloneSetup) -> Clone:
+    """The clone once its setup has finished, with the README's demo run in it if it succeeded."""
+    c = setup.clone
+    done = setup.wait(timeout=1200)
+    if done.code != 0:
+        c.demo = done
+        return c
+    demo = bash(DEMO, cwd=c.root, env=setup.env, timeout=900)
+    c.demo = Ran(demo.code, done.out + demo.out, c.root)
     return c

@@ -3,7 +3,8 @@
 How (tests/doc_commands.py takes the commands and snippets from the text; nothing is copied here):
 
 * `fresh_clone`: the repository's files are copied to a new folder and the README's demo command
-  runs there exactly as written (a new virtual environment, the install, the demo). That is the
+  runs there exactly as written (a new virtual environment, the install, the demo; the first two
+  begin in the background when the session starts, the demo runs after them). That is the
   README's first command's test, and every other command runs "after the README's setup": with
   that `.venv/bin` first on PATH, a fresh HOME, and none of this test session's variables
   (no PYTHONPATH, no RAY_*, no MLFLOW_*).

@@ -1,8 +1,9 @@
 """Elastic fits (`ScalingConfig(num_workers=(min, max))`) through a real resize, and their bad input.
 
-The resize runs on its own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py):
-2 workers, a node removed (Ray restarts the group at 1), a node added (Ray grows it back to 2).
-The subprocess's process group is killed if it hangs. The bad-input tests need no Ray cluster.
+The resizes run on their own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py),
+one fit per strategy, one after the other: 2 workers, a node removed (Ray restarts the group at
+1), a node added (Ray grows it back to 2). The subprocess's process group is killed if it hangs.
+The bad-input tests need no Ray cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -24,11 +26,17 @@ from ray_ormas import BatchSize, RayOrmasTrainer, open_records
 from .conftest import ROOT
 from .loops import elastic_loop
 
+STRATEGIES = ("ddp", "fsdp")
 
-def scenario(storage, out, strategy: str) -> tuple[dict, str]:
+
+@pytest.fixture(scope="module")
+def resized(tmp_path_factory) -> tuple[Path, str]:
+    """Both strategies' elastic fits, one after the other on one simulated cluster
+    (tests/scenarios/elastic.py): the folder of their outcomes and storage, and the scenario's log."""
+    base = tmp_path_factory.mktemp("elastic")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.scenarios.elastic", str(storage), str(out), strategy],
+        [sys.executable, "-m", "tests.scenarios.elastic", str(base / "runs"), str(base), ",".join(STRATEGIES)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -37,21 +45,22 @@ def scenario(storage, out, strategy: str) -> tuple[dict, str]:
         start_new_session=True,
     )
     try:
-        log, _ = proc.communicate(timeout=400)
+        log, _ = proc.communicate(timeout=750)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
         pytest.fail(f"the elastic scenario hung:\n{log[-4000:]}")
-    assert proc.returncode == 0 and out.is_file(), log[-4000:]
-    return json.loads(out.read_text()), log
+    assert proc.returncode == 0, log[-4000:]
+    return base, log
 
 
 @pytest.mark.system  # its own Ray cluster
-@pytest.mark.timeout(450)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlflow_run(tmp_path, strategy):
-    storage = tmp_path / "runs"
-    outcome, log = scenario(storage, tmp_path / "outcome.json", strategy)
+@pytest.mark.timeout(800)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlflow_run(resized, strategy):
+    base, log = resized
+    assert (base / f"{strategy}.json").is_file(), log[-4000:]
+    outcome, storage = json.loads((base / f"{strategy}.json").read_text()), base / "runs" / strategy
     assert "error" not in outcome and outcome["finished"], (outcome, log[-4000:])
     # The grown attempt trained 2 epochs of 8 steps at 32 samples per rank (the global 64 split).
     assert outcome["return_value"]["world"] == 2 and outcome["return_value"]["per_rank_batch"] == 32

@@ -1,15 +1,17 @@
-"""An elastic fit through a real resize: `python -m tests.scenarios.elastic STORAGE OUT_JSON [STRATEGY]`.
+"""Elastic fits through a real resize: `python -m tests.scenarios.elastic STORAGE OUT_DIR STRATEGY[,STRATEGY]`.
 
 `ray.cluster_utils.Cluster` starts a head node (the driver, Ray Train's controller, the run ledger)
-and two worker nodes with one training slot each. The fit asks for
+and two worker nodes with one training slot each. Each fit asks for
 `ScalingConfig(num_workers=(1, 2))` and a global batch of 64, and starts at 2 workers. Once its
 first checkpoint is in storage, one worker node is removed: Ray Train restarts the group at 1
 worker from that checkpoint. Once that attempt has trained and checkpointed, a node is added
 again, and Ray Train grows the group back to 2 (its elastic policy reads the cluster through
 Ray Data's autoscaling coordinator, which looks every 20 s). The loop (tests/loops.py
-`elastic_loop`) stops two epochs into the grown attempt. The outcome goes to OUT_JSON for
+`elastic_loop`) stops two epochs into the grown attempt. The strategies ("ddp", "fsdp") run one
+after the other on the same cluster, each fit on the two worker nodes the previous one left;
+each writes its run to STORAGE/STRATEGY/elastic and its outcome to OUT_DIR/STRATEGY.json for
 tests/test_elastic.py. `Cluster.add_node` works only from the main thread, so `fit()` runs in a
-background thread. The cluster is always shut down. STRATEGY is "ddp" (default) or "fsdp".
+background thread. The cluster is always shut down.
 """
 
 from __future__ import annotations
@@ -34,93 +36,111 @@ WORKER_NODE = {"num_cpus": 1, "resources": {"train_slot": 1}}
 DEADLINE_S = 300
 
 
-def main(storage: str, out: str, strategy: str = "ddp") -> None:
+def main(storage_root: str, out_dir: str, strategies: str = "ddp") -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
     # After the node is gone, Ray may first try the old size again (the coordinator's view is
     # up to 20 s old): let that try give up in 10 s rather than the default 60 s.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "10"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_NODE_DEATH})
+    try:
+        workers = [cluster.add_node(**WORKER_NODE), cluster.add_node(**WORKER_NODE)]
+        ray.init(address=cluster.address, log_to_driver=False)
+        previous_returned = True
+        for strategy in strategies.split(","):
+            storage = os.path.join(storage_root, strategy)
+            os.makedirs(storage, exist_ok=True)
+            if not previous_returned:  # its fit still runs on the cluster
+                outcome: dict[str, Any] = {"error": "scenario: not run, the previous fit did not return"}
+            else:
+                try:
+                    outcome = resize_one_fit(cluster, workers, storage, strategy)
+                except BaseException as e:
+                    outcome = {"error": f"scenario: {type(e).__name__}: {e}"}
+                previous_returned = bool(outcome.get("finished"))
+            (Path(out_dir) / f"{strategy}.json").write_text(json.dumps(outcome, default=str))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy: str) -> dict[str, Any]:
+    """One elastic fit at 2 workers: a worker node removed after its first checkpoint, one added
+    after the 1-worker attempt's first checkpoint (`workers` is kept up to date)."""
     timeline: list[tuple[str, float]] = []
     started = time.monotonic()
 
     def note(what: str) -> None:
         timeline.append((what, round(time.monotonic() - started, 1)))
-        print(f"[elastic scenario] {what} at {timeline[-1][1]} s", flush=True)
+        print(f"[elastic scenario, {strategy}] {what} at {timeline[-1][1]} s", flush=True)
+
+    trainer = RayOrmasTrainer(
+        elastic_loop,
+        train_loop_config={"epochs": 60, "sleep_per_step": 0.2, "grown_size": 2, "epochs_after_growth": 2},
+        check_every=4,
+        verbose=False,
+        strategy=strategy,
+        batch=BatchSize(64, per="global"),
+        scaling_config=ScalingConfig(
+            num_workers=(1, 2),
+            resources_per_worker={"CPU": 1, "train_slot": 1},
+            elastic_resize_monitor_interval_s=2,
+        ),
+        run_config=RunConfig(name="elastic", storage_path=storage, failure_config=FailureConfig(max_failures=3)),
+    )
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result = trainer.fit()
+            fleet = result.ormas.fleet
+            outcome.update(
+                return_value=result.return_value,
+                final=result.ormas.final,
+                mlflow_run_id=result.ormas.mlflow_run_id,
+                tracking_uri=result.ormas.tracking_uri,
+                fleet_attempts=fleet.attempts if fleet else None,
+                fleet_alarms=fleet.alarms if fleet else None,
+                worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
+            )
+        except BaseException as e:  # reported to the test, which fails on it
+            outcome["error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def sizes() -> list[int]:
+        try:
+            return [s.link.get("world_size") for s in open_records(os.path.join(storage, "elastic")).segments()]
+        except Exception:  # the record root does not exist yet
+            return []
+
+    def checkpoints() -> int:
+        run_dir = Path(storage) / "elastic"
+        return len(list(run_dir.glob("checkpoint_*"))) if run_dir.is_dir() else 0
+
+    def wait(condition: Any, what: str) -> None:
+        while not condition():
+            if time.monotonic() - started > DEADLINE_S or not thread.is_alive():
+                raise TimeoutError(f"gave up waiting for {what}; segments so far {sizes()}")
+            time.sleep(0.2)
+        note(what)
 
     try:
-        cluster.add_node(**WORKER_NODE)
-        second = cluster.add_node(**WORKER_NODE)
-        ray.init(address=cluster.address, log_to_driver=False)
-        trainer = RayOrmasTrainer(
-            elastic_loop,
-            train_loop_config={"epochs": 60, "sleep_per_step": 0.2, "grown_size": 2, "epochs_after_growth": 2},
-            check_every=4,
-            verbose=False,
-            strategy=strategy,
-            batch=BatchSize(64, per="global"),
-            scaling_config=ScalingConfig(
-                num_workers=(1, 2),
-                resources_per_worker={"CPU": 1, "train_slot": 1},
-                elastic_resize_monitor_interval_s=2,
-            ),
-            run_config=RunConfig(name="elastic", storage_path=storage, failure_config=FailureConfig(max_failures=3)),
-        )
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                result = trainer.fit()
-                fleet = result.ormas.fleet
-                outcome.update(
-                    return_value=result.return_value,
-                    final=result.ormas.final,
-                    mlflow_run_id=result.ormas.mlflow_run_id,
-                    tracking_uri=result.ormas.tracking_uri,
-                    fleet_attempts=fleet.attempts if fleet else None,
-                    fleet_alarms=fleet.alarms if fleet else None,
-                    worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
-                )
-            except BaseException as e:  # reported to the test, which fails on it
-                outcome["error"] = f"{type(e).__name__}: {e}"
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-
-        def sizes() -> list[int]:
-            try:
-                return [s.link.get("world_size") for s in open_records(os.path.join(storage, "elastic")).segments()]
-            except Exception:  # the record root does not exist yet
-                return []
-
-        def checkpoints() -> int:
-            run_dir = Path(storage) / "elastic"
-            return len(list(run_dir.glob("checkpoint_*"))) if run_dir.is_dir() else 0
-
-        def wait(condition: Any, what: str) -> None:
-            while not condition():
-                if time.monotonic() - started > DEADLINE_S or not thread.is_alive():
-                    raise TimeoutError(f"gave up waiting for {what}; segments so far {sizes()}")
-                time.sleep(0.2)
-            note(what)
-
         wait(lambda: checkpoints() >= 1, "the first checkpoint (2 workers)")
-        cluster.remove_node(second, allow_graceful=False)
+        cluster.remove_node(workers.pop(), allow_graceful=False)
         note("removed a worker node")
         wait(lambda: sizes()[-1:] == [1], "an attempt at 1 worker")
         before = checkpoints()
         wait(lambda: checkpoints() > before, "a checkpoint of the 1-worker attempt")
-        cluster.add_node(**WORKER_NODE)
+        workers.append(cluster.add_node(**WORKER_NODE))
         note("added a worker node")
         thread.join(timeout=max(DEADLINE_S - (time.monotonic() - started), 1))
         note("fit returned" if not thread.is_alive() else "fit still running")
-        outcome["finished"] = not thread.is_alive()
-        outcome["timeline"] = timeline
-        Path(out).write_text(json.dumps(outcome, default=str))
     except BaseException as e:
-        Path(out).write_text(json.dumps({"error": f"scenario: {type(e).__name__}: {e}", "timeline": timeline}))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+        outcome["error"] = f"scenario: {type(e).__name__}: {e}"
+    outcome["finished"] = not thread.is_alive()
+    outcome["timeline"] = timeline
+    return outcome
 
 
 if __name__ == "__main__":
