@@ -151,7 +151,10 @@ def test_calls_that_come_before_their_turn_or_before_the_writer_are_applied_in_t
         # applied as numbered, the report belongs to attempt 1.
         host.call.remote(spec.fit_id, 1, "loop_report", ({"loss": 0.5}, 7, None, None))
         host.call.remote(spec.fit_id, 0, "attempt_started", (1, 0, 2))
-        host.open.remote(spec, None)
+        opened = host.open.remote(spec, None)
+        # As HostedWriter.finish does, flush once open() has answered: flush runs in another of the
+        # host's concurrency groups, so sent at once it could run before the calls above were taken.
+        ray.get(opened, timeout=90)
         assert ray.get(host.flush.remote(spec.fit_id, 2, 60.0), timeout=90)
         outcome = ray.get(host.finish.remote(spec.fit_id, "FINISHED", None, None), timeout=120)
         assert outcome.complete

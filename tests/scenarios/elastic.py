@@ -114,9 +114,13 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         except Exception:  # the record root does not exist yet
             return []
 
-    def checkpoints() -> int:
-        run_dir = Path(storage) / "elastic"
-        return len(list(run_dir.glob("checkpoint_*"))) if run_dir.is_dir() else 0
+    def registered() -> str:
+        """Ray's checkpoint index, which its controller rewrites once it has registered a checkpoint
+        ("" before the first): a checkpoint folder in storage alone may not be one Ray resumes from."""
+        try:
+            return (Path(storage) / "elastic" / "checkpoint_manager_snapshot.json").read_text()
+        except OSError:
+            return ""
 
     def wait(condition: Any, what: str) -> None:
         while not condition():
@@ -126,12 +130,12 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         note(what)
 
     try:
-        wait(lambda: checkpoints() >= 1, "the first checkpoint (2 workers)")
+        wait(lambda: registered() != "", "the first checkpoint registered (2 workers)")
         cluster.remove_node(workers.pop(), allow_graceful=False)
         note("removed a worker node")
         wait(lambda: sizes()[-1:] == [1], "an attempt at 1 worker")
-        before = checkpoints()
-        wait(lambda: checkpoints() > before, "a checkpoint of the 1-worker attempt")
+        before = registered()
+        wait(lambda: registered() != before, "a checkpoint of the 1-worker attempt registered")
         workers.append(cluster.add_node(**WORKER_NODE))
         note("added a worker node")
         thread.join(timeout=max(DEADLINE_S - (time.monotonic() - started), 1))
