@@ -39,7 +39,9 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     ends, at most 5 minutes), slow_rank / slow_from / slow_s (that rank sleeps in its data loading from that
     step on), nudge_rank / nudge_at (that rank changes conv2's weights, the tiny CNN's first conv's, outside
     DDP after that step's update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
-    rank raises Ray's NCCLHangError, as the hang detector would end the group).
+    rank raises Ray's NCCLHangError, as the hang detector would end the group), stall_rank / stall_at /
+    stall_s (that rank sleeps between that step's backward and its monitor step: the others pass
+    that check and wait for it in the next all-reduce).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -89,6 +91,10 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             loss = loss * float("nan")
         opt.zero_grad()
         loss.backward()
+        if rank == config.get("stall_rank") and step == config.get("stall_at"):
+            import time
+
+            time.sleep(config["stall_s"])  # stuck in Python between its backward and its check
         mon.step(loss)
         opt.step()
         if rank == config.get("nudge_rank") and step == config.get("nudge_at"):

@@ -25,12 +25,14 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   repair before the worker failure stays in the whole run's facts; the resume is bit-identical
   to that module's uninterrupted run of the same loop, lesion and repair, and its segments link).
 
-* `busy_fit`: a bad night of three faults that do not touch each other's signal: a tiny CNN (a
+* `busy_fit`: a bad night of four faults that do not touch each other's signal: a tiny CNN (a
   forward of about 1 ms) on a machine oversubscribed twice over (timings: rank 0 starts two
   processes that spin while the loop runs), rank 1's weights changed outside DDP after step 22
-  (digests), and the loss multiplied by 10^4 from step 150 on every rank (gradients); 200 steps,
-  a check every 5, no MLflow. Read by the fleet tests (no straggler named, divergence at the next
-  check) and the strategies test (DDP's gradient alarms fire when gradients explode).
+  (digests), rank 1 stuck for 2.5 times the hang bound between step 100's backward and its check
+  (the head's hang watch; one slow check is no straggler), and the loss multiplied by 10^4 from
+  step 150 on every rank (gradients); 200 steps, a check every 5, no MLflow. Read by the fleet
+  tests (no straggler named, divergence at the next check, the hang named) and the strategies
+  test (DDP's gradient alarms fire when gradients explode).
 
 * `repaired_example_fit`: examples/digits_ddp.py's `main`, as its test calls it: the lesioned
   digits CNN repaired, 3 epochs on 2 workers, a report per epoch. Read by the examples' test (the
@@ -65,7 +67,7 @@ from ray.train import (
     ValidationConfig,
 )
 
-from ray_ormas import BatchSize, MLflowSettings, RayOrmasResult, RayOrmasTrainer
+from ray_ormas import BatchSize, FleetSettings, MLflowSettings, RayOrmasResult, RayOrmasTrainer
 
 from .loops import digits_loop, resume_loop, validate_checkpoint, worker_view_loop
 
@@ -90,6 +92,7 @@ class SharedFit(_Run):
     printed: str = ""
 
 
+HANG_AFTER_S = 4.0  # busy_fit's hang bound (FleetSettings.hang_after_s)
 SECRET = "s3cr3t-t0ken"  # healthy_fit's MLFLOW_TRACKING_TOKEN, and a param's value
 
 
@@ -203,8 +206,12 @@ def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit
             "spinners": 2,
             "nudge_rank": 1,
             "nudge_at": 22,
+            "stall_rank": 1,
+            "stall_at": 100,
+            "stall_s": HANG_AFTER_S * 2.5,
             "explode_at": 150,
         },
+        fleet=FleetSettings(hang_after_s=HANG_AFTER_S),
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="busy", storage_path=str(storage)),
     ).fit()

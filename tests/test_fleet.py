@@ -25,6 +25,7 @@ from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.head.fleet_metrics import EXPORTED
 
 from .loops import digits_loop
+from .shared_fits import HANG_AFTER_S
 from .test_adoption import check_the_fleet_names_rank_1s_nan
 
 CHECK_EVERY = 5
@@ -152,6 +153,21 @@ def test_weights_changed_outside_ddp_raise_divergence_at_the_next_check(busy_fit
     assert alarm["layer"] == "0"  # the first layer that differs: the tiny CNN's first conv
 
 
+@pytest.mark.timeout(300)
+def test_a_rank_stuck_between_its_backward_and_its_check_is_a_hang_alarm_that_names_it(busy_fit):
+    # The shared busy fit: rank 1 sleeps 2.5 x hang_after_s between step 100's backward and its
+    # check (check 20); rank 0 passes that check and waits for rank 1 in the next all-reduce.
+    [alarm] = alarms(busy_fit.result, "hang")
+    assert (alarm["check"], alarm["step"], alarm["run_step"]) == (20, 100, 100)
+    assert alarm["ranks"] == [1] and alarm["reached"] == [0]
+    assert "ranks 0 reached check 20, ranks 1 did not" in alarm["message"]
+    assert f"the bound is {HANG_AFTER_S:g} s" in alarm["message"]
+    # In the fleet record in storage, as every alarm; the training went on after it.
+    stored = [json.loads(x) for x in ray_ormas.open_records(busy_fit.run_dir).fleet_alarms()["line"].to_pylist()]
+    assert [a["check"] for a in stored if a["kind"] == "hang"] == [20]
+    assert busy_fit.result.ormas.fleet.checks == 40
+
+
 @pytest.mark.smoke
 @pytest.mark.timeout(300)
 def test_a_nan_loss_on_one_rank_is_named_with_its_step_and_layer(failed_fit):
@@ -198,6 +214,8 @@ def test_with_fleet_health_off_nothing_of_it_runs(watched_fit):
         ({"nccl_hang_detector": "observer"}, "nccl_hang_detector\n  Input should be 'off', 'observe' or 'fail'"),
         ({"nccl_hang_detector": True}, "`on` is not a mode: use 'observe'"),
         ({"nccl_hang_confirm_s": 0}, "nccl_hang_confirm_s\n  Input should be greater than 0"),
+        ({"hang_after_s": 0}, "hang_after_s\n  Input should be greater than 0"),
+        ({"hang_after_s": float("inf")}, "hang_after_s\n  Input should be a finite number"),
         ({"divergence": "yes"}, "divergence\n  Input should be a valid boolean"),
     ],
 )

@@ -159,6 +159,7 @@ NOT_DEFAULT = {
         "mlflow_ranks": (8, 8),
         "nccl_hang_detector": ("observe", "observe"),
         "nccl_hang_confirm_s": (120, 120.0),
+        "hang_after_s": (30, 30.0),
     },
     BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},
 }

@@ -51,6 +51,9 @@ class FleetSettings:
             record and lets the failure policy restart the group). Needs NCCL (GPU workers).
         nccl_hang_confirm_s: seconds a hang must last before Ray confirms it (None: Ray's
             default, 600 s).
+        hang_after_s: the head's own hang watch, on any backend: a `hang` alarm when no rank
+            has reached a new check for this many seconds (None: 10 times the longest interval
+            between checks so far, at least 120 s; see docs/fleet-health.md).
     """
 
     enabled: bool = Field(
@@ -88,6 +91,13 @@ class FleetSettings:
         gt=0,
         allow_inf_nan=False,
         description="seconds a hang lasts before Ray confirms it (null: Ray's default, 600)",
+    )
+    hang_after_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="a `hang` alarm when no rank has reached a new check for this many seconds "
+        "(null: 10x the longest interval between checks so far, at least 120 s)",
     )
 
     @field_validator("nccl_hang_detector", mode="before")

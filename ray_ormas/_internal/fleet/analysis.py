@@ -77,6 +77,10 @@ class FleetAnalyzer:
         """The run step at which attempt `attempt` started (rank 0's record says so)."""
         self._offsets[attempt] = offset
 
+    def run_step(self, attempt: int, step: int) -> int:
+        """The run step of `step` in attempt `attempt`'s segment."""
+        return step + self._offsets.get(attempt, 0)
+
     def add(self, attempt: int, facts: RankFacts) -> CheckOutcome | None:
         """One rank's facts at one check; the check's outcome once every rank's are in."""
         if facts.group_names is not None:
@@ -96,7 +100,7 @@ class FleetAnalyzer:
     # ------------------------------------------------------------------ one complete check
     def _evaluate(self, attempt: int, check: int, facts: list[RankFacts]) -> CheckOutcome:
         step = facts[0].step
-        run_step = step + self._offsets.get(attempt, 0)
+        run_step = self.run_step(attempt, step)
         rows = [
             {
                 "rank": f.rank,

@@ -16,6 +16,7 @@ Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.stall import StallWatch
 from ray_ormas._internal.record.fleet_record import (
     CHECK_FIELDS,
     FleetRecordWriter,
@@ -38,6 +40,7 @@ from ray_ormas._internal.record.store import RecordStore
 
 logger = get_logger("ray_ormas.fleet")
 HANG_ERROR = "NCCLHangError"
+STALL_POLL_S = 1.0  # how often the hang watch looks (fleet/stall.py)
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,23 @@ class FleetHead:
         self._hangs_seen = False
         self._last_world: int | None = None
         self._label = ranks_label({"world_size": spec.world, "elastic": spec.elastic and list(spec.elastic)})
+        # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
+        self._lock = threading.RLock()
+        self._stall = StallWatch(s.hang_after_s, spec.world)
+        self._finished = threading.Event()
+        threading.Thread(target=self._watch_for_hangs, name="ray-ormas-hang-watch", daemon=True).start()
 
     def offset(self, attempt: int, offset: int, world_size: int | None = None) -> None:
         """Rank 0's main monitor of attempt `attempt` starts at run step `offset`, with
         `world_size` ranks: one line in the fleet record's attempts, "resize" when an elastic
         fit restarted at another size (an event, never an alarm: the ranks are compared within
         one attempt)."""
+        with self._lock:
+            self._offset_locked(attempt, offset, world_size)
+
+    def _offset_locked(self, attempt: int, offset: int, world_size: int | None) -> None:
         self._analyzer.set_offset(attempt, offset)
+        self._stall.attempt_started(attempt, world_size)
         if world_size is None:
             return
         previous, self._last_world = self._last_world, world_size
@@ -124,7 +137,9 @@ class FleetHead:
         """One rank's facts at one check (worker/fleet_probe.py)."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
-            outcome = self._analyzer.add(attempt, facts)
+            with self._lock:
+                self._stall.reached(attempt, facts.rank, facts.check, time.monotonic(), facts.step)
+                outcome = self._analyzer.add(attempt, facts)
             if outcome is None:
                 return
             now = round(time.time(), 3)
@@ -153,6 +168,8 @@ class FleetHead:
 
     def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
         """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""
+        with self._lock:
+            self._stall.attempt_ended()
         hung = sorted(r for r, text in per_rank.items() if text.startswith(HANG_ERROR))
         if hung:
             self.hang(attempt, per_rank[hung[0]], hung)
@@ -164,7 +181,32 @@ class FleetHead:
         alarm = {**hang_alarm(attempt, error, ranks), "run_step": self._last_run_step}
         self._emit([], [alarm], None)
 
+    def meeting(self, kind: str) -> None:
+        """A rank arrived at a report's meeting ("final": its loop has ended)."""
+        with self._lock:
+            if kind == "final":
+                self._stall.winding_down()
+            else:
+                self._stall.reporting()
+
+    def _watch_for_hangs(self) -> None:
+        while not self._finished.wait(STALL_POLL_S):
+            try:
+                with self._lock:
+                    alarm = self._stall.poll(time.monotonic())
+                    if alarm is not None:
+                        step = alarm["step"]
+                        run_step = self._analyzer.run_step(alarm["attempt"], step) if step is not None else None
+                        self._emit([], [{**alarm, "run_step": run_step or self._last_run_step}], None)
+            except Exception as e:  # the watch must never take the ledger down
+                logger.warning("fleet: the hang watch stopped (%s: %s)", type(e).__name__, e)
+                return
+
     def _emit(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
+        with self._lock:
+            self._emit_locked(lines, alarms, loss_mean)
+
+    def _emit_locked(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
         self._record.append("checks", lines)
         self._record.append("alarms", alarms, urgent=True)
         for a in alarms:
@@ -176,7 +218,10 @@ class FleetHead:
 
     def finish(self) -> FleetSummary:
         """The fit ended: close the record, read it back, summarize."""
-        self._record.close()
+        self._finished.set()
+        with self._lock:  # the hang watch's last poll has emitted what it had
+            self._stall.winding_down()
+            self._record.close()
         store = self._spec.store
         _, checks, alarms = read_fleet(store, self._spec.fit_id)
         attempts = read_fleet_attempts(store, self._spec.fit_id)

@@ -155,6 +155,8 @@ class RunLedger:
         (token, seq); return what each said."""
         m = self._meetings.setdefault((token, seq), _Meeting())
         m.arrivals[rank] = Arrival(kind, step, checkpoint)
+        if self._fleet is not None:
+            self._fleet.meeting(kind)
         if len(m.arrivals) >= world_size:
             m.done.set()
         await m.done.wait()
