@@ -102,12 +102,13 @@ def clone_setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="session")
-def clone(clone_setup):
+def clone(clone_setup, tmp_path_factory: pytest.TempPathFactory):
     """A fresh clone with the README's demo command run in it (tests/fresh_clone.py): once per
-    session, for the docs' commands and the demo's own test."""
-    from .fresh_clone import make_clone
+    session, for the docs' commands and the demo's own test (its setup begun now if no test
+    named the clone at collection, e.g. one asked for it by `request.getfixturevalue`)."""
+    from .fresh_clone import CloneSetup, make_clone
 
-    return make_clone(clone_setup)
+    return make_clone(clone_setup or CloneSetup(tmp_path_factory.mktemp("docs")))
 
 
 @pytest.fixture

@@ -107,7 +107,8 @@ def stall_alarm(
     waited_s: float,
     bound_s: float,
 ) -> dict[str, Any]:
-    """A fleet alarm for a stall: the ranks that did not reach the latest check are named first."""
+    """A fleet alarm for a stall: its `ranks` are those that did not reach the latest check (all
+    of them when every rank reached it and none the next), `reached` those that did."""
     stuck = missing or reached
     said = f"ranks {_ranks(reached)} reached check {check}" + (
         f", ranks {_ranks(missing)} did not" if missing else ", and none has reached a later one"

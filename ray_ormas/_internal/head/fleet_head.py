@@ -5,11 +5,12 @@
                                   -> the fleet record (record/fleet_record.py), one log line per alarm,
                                      Ray's metrics (head/fleet_metrics.py), the fit's MLflow writer
     controller  after_exception   -> FleetHead.worker_errors (an NCCLHangError becomes an alarm)
+    a thread    every second      -> StallWatch.poll (fleet/stall.py): no new check in time, a `hang` alarm
     driver      fit() ends        -> FleetHead.finish -> FleetSummary (result.ormas.fleet)
 
-No process of its own, and no collective or barrier on the workers: ranks send what they measured
-and go on. The head's time per check is measured (analysis, record, metrics, MLflow hand-over)
-and reported in the summary.
+No process of its own (the hang watch is a thread of the ledger's), and no collective or barrier
+on the workers: ranks send what they measured and go on. The head's time per check is measured
+(analysis, record, metrics, MLflow hand-over) and reported in the summary.
 
 Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules above rely on.
 """
@@ -194,27 +195,25 @@ class FleetHead:
             try:
                 with self._lock:
                     alarm = self._stall.poll(time.monotonic())
-                    if alarm is not None:
-                        step = alarm["step"]
-                        run_step = self._analyzer.run_step(alarm["attempt"], step) if step is not None else None
-                        self._emit([], [{**alarm, "run_step": run_step or self._last_run_step}], None)
+                    if alarm is None:
+                        continue
+                    step = alarm["step"]
+                    at = self._last_run_step if step is None else self._analyzer.run_step(alarm["attempt"], step)
+                    self._emit([], [{**alarm, "run_step": at}], None)
             except Exception as e:  # the watch must never take the ledger down
                 logger.warning("fleet: the hang watch stopped (%s: %s)", type(e).__name__, e)
                 return
 
     def _emit(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
         with self._lock:
-            self._emit_locked(lines, alarms, loss_mean)
-
-    def _emit_locked(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
-        self._record.append("checks", lines)
-        self._record.append("alarms", alarms, urgent=True)
-        for a in alarms:
-            logger.warning("fleet %s: %s", a["kind"], a["message"])
-        if self._gauges is not None:
-            self._gauges.update(lines, loss_mean, alarms)
-        if self._tracking is not None:
-            self._tracking.fleet(mlflow_entries(lines, alarms, self._spec.settings.mlflow_ranks))
+            self._record.append("checks", lines)
+            self._record.append("alarms", alarms, urgent=True)
+            for a in alarms:
+                logger.warning("fleet %s: %s", a["kind"], a["message"])
+            if self._gauges is not None:
+                self._gauges.update(lines, loss_mean, alarms)
+            if self._tracking is not None:
+                self._tracking.fleet(mlflow_entries(lines, alarms, self._spec.settings.mlflow_ranks))
 
     def finish(self) -> FleetSummary:
         """The fit ended: close the record, read it back, summarize."""
