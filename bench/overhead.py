@@ -27,6 +27,13 @@ optimizer step hook steps one; runs alternate between the two ways of attaching,
 There the monitor steps inside `optimizer.step()`: its time is the optimizer's own time to its
 step pre-hook, less the plain replica's, and its checks come one loop step later.
 
+    python bench/overhead.py --paired --fleet on acts [--models digits] [--repeats 4]
+
+The same pairing with fleet health on, and with alarms that can act (`FleetSettings.actions`:
+every alarm kind restarts, stops or diagnoses): runs alternate in ABBA order. Nothing fires in a
+healthy run, so the difference is what acting costs while waiting: each rank reads the head's
+answer to its previous check's facts at every check.
+
     python bench/overhead.py --in-process [--models mlp] [--repeats 3] [--steps 3000]
 
 The same pairing with ormas-monitor's own `Monitor` in this process, without Ray or DDP: the
@@ -331,19 +338,28 @@ def paired_row(out: dict[str, Any], check_every: int) -> dict[str, float]:
     }
 
 
-def fit_paired(args: argparse.Namespace, model: str, workers: int, attach: str = "explicit") -> dict[str, Any]:
-    from ray.train import RunConfig
+ACTING = {"straggler": "reattempt", "divergence": "reattempt", "nonfinite": "stop", "hang": ["diagnose", "reattempt"]}
 
-    from ray_ormas import RayOrmasTrainer
+
+def fit_paired(
+    args: argparse.Namespace, model: str, workers: int, attach: str = "explicit", fleet: str = "on"
+) -> dict[str, Any]:
+    from ray.train import FailureConfig, RunConfig
+
+    from ray_ormas import FleetSettings, RayOrmasTrainer
 
     result = RayOrmasTrainer(
         paired_loop if attach == "explicit" else paired_auto_loop,
         train_loop_config=_loop_config(args, model, "paired"),
         check_every=args.check_every,
         verbose=False,
-        fleet=args.fleet == "on",
+        fleet=FleetSettings(actions=ACTING) if fleet == "acts" else fleet == "on",
         scaling_config=_scaling(args, workers),
-        run_config=RunConfig(name=f"bench-paired-{time.time_ns()}", storage_path=args.storage),
+        run_config=RunConfig(
+            name=f"bench-paired-{time.time_ns()}",
+            storage_path=args.storage,
+            failure_config=FailureConfig(max_failures=1 if fleet == "acts" else 0),
+        ),
     ).fit()
     fleet = result.ormas.fleet
     return {**result.return_value, "head_ms": fleet.head_ms_per_check if fleet is not None else None}
@@ -352,21 +368,23 @@ def fit_paired(args: argparse.Namespace, model: str, workers: int, attach: str =
 def run_paired(args: argparse.Namespace) -> None:
     print(
         f"\npaired: one run, two replicas stepped alternately (A monitored, B plain), check_every="
-        f"{args.check_every}, {args.workers} workers, fleet health {args.fleet}, {args.repeats} runs per model\n"
+        f"{args.check_every}, {args.workers} workers, fleet health {' / '.join(args.fleet)}, {args.repeats} runs "
+        f"per model\n"
     )
     print(
-        f"{'model':<7} {'attach':<8} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
+        f"{'model':<7} {'attach':<8} {'fleet':<5} {'run':<4} {'plain ms':>9} {'monitored ms':>13} {'median ratio':>12} "
         f"{'unsampled ratio':>15} {'mean ratio':>10} {'check ms':>9} {'mon.step off-check us':>21} "
         f"{'head ms/check':>13}"
     )
     for model in args.models:
         for rep in range(args.repeats):
-            for attach in args.attach if rep % 2 == 0 else args.attach[::-1]:  # ABBA: no place favoured
-                out = fit_paired(args, model, args.workers, attach)
+            ways = [(a, f) for a in args.attach for f in args.fleet]
+            for attach, fleet in ways if rep % 2 == 0 else ways[::-1]:  # ABBA: no place favoured
+                out = fit_paired(args, model, args.workers, attach, fleet)
                 r = paired_row(out, args.check_every)
                 head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
                 print(
-                    f"{model:<7} {attach:<8} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} "
+                    f"{model:<7} {attach:<8} {fleet:<5} {rep + 1:<4} {r['plain_ms']:>9.2f} {r['monitored_ms']:>13.2f} "
                     f"{r['ratio']:>12.3f} "
                     f"{r['unsampled_ratio']:>15.3f} {r['mean_ratio']:>10.3f} {r['check_ms']:>9.2f} "
                     f"{r['off_check_us']:>21.1f} {head:>13}",
@@ -440,7 +458,7 @@ def run_scaling(args: argparse.Namespace) -> None:
     for model in args.models:
         params = sum(p.numel() for p in make_model(model).parameters())
         for workers in args.world_sizes:
-            out = fit_paired(args, model, workers)
+            out = fit_paired(args, model, workers, fleet=args.fleet[0])
             r = paired_row(out, args.check_every)
             head = "-" if out.get("head_ms") is None else f"{out['head_ms']:.3f}"
             print(
@@ -597,9 +615,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fleet",
-        choices=("on", "off"),
-        default="on",
-        help="fleet health in the paired and scaling runs (on: the default with more than one worker)",
+        nargs="+",
+        choices=("on", "off", "acts"),
+        default=["on"],
+        help="fleet health in the paired and scaling runs (on: the default with more than one worker; acts: "
+        "with alarms that can act); several alternate in the paired runs",
     )
     return p
 

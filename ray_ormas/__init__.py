@@ -36,6 +36,8 @@ _WHERE = {
     "BatchSize": "_internal.common.settings",
     "MonitorSettings": "_internal.common.settings",
     "FleetSettings": "_internal.common.fleet_settings",
+    "FleetAction": "_internal.common.fleet_policy",
+    "FleetView": "_internal.common.fleet_policy",
     "MLflowSettings": "_internal.common.mlflow_settings",
     # inside the training loop, on every worker
     "WorkerMonitor": "_internal.worker.monitor",
@@ -63,7 +65,11 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigError",
+    "FleetAction",
+    "FleetReattemptError",
     "FleetSettings",
+    "FleetStopError",
+    "FleetView",
     "FleetSummary",
     "JournalError",
     "MLflowSettings",
@@ -114,6 +120,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ray_ormas._internal.common.fleet_policy import FleetAction, FleetView
     from ray_ormas._internal.common.fleet_settings import FleetSettings
     from ray_ormas._internal.common.mlflow_settings import MLflowSettings
     from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
@@ -130,6 +137,8 @@ if TYPE_CHECKING:
         CheckpointError,
         CheckpointNotFoundError,
         ConfigError,
+        FleetReattemptError,
+        FleetStopError,
         MissingExtraError,
         OptionError,
         OptionTypeError,

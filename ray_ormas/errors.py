@@ -17,6 +17,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigError",
+    "FleetReattemptError",
+    "FleetStopError",
     "JournalError",
     "MissingExtraError",
     "OptionError",
@@ -93,3 +95,13 @@ class OrmasCompatError(RayOrmasError, RuntimeError):
 
 class RaySeamChanged(RayOrmasError, RuntimeError):
     """A private piece of Ray that ray-ormas relies on changed in the installed Ray release."""
+
+
+class FleetStopError(RayOrmasError, RuntimeError):
+    """An alarm whose action is `stop` ended the fit (`FleetSettings.actions`); the message names
+    the alarm, the ranks, the node and the run step. Ray does not retry it."""
+
+
+class FleetReattemptError(RayOrmasError, RuntimeError):
+    """Raised on every rank at its next check when an alarm's action is `reattempt`: the worker
+    group fails through Ray's own path, and `FailureConfig` restarts it from a checkpoint."""

@@ -29,6 +29,12 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         ["MonitorSettings", "MLflowSettings", "FleetSettings", "BatchSize"],
     ),
     (
+        "Your own fleet rule",
+        "A `FleetSettings(policy=...)` function runs on the head node at every complete check: it gets a "
+        '`FleetView` and returns a `FleetAction` or None (docs/fleet-health.md, "When the fleet acts").',
+        ["FleetView", "FleetAction"],
+    ),
+    (
         "Inside the training loop",
         "On every worker, in the loop a `RayOrmasTrainer` runs.",
         [
@@ -74,6 +80,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "JournalError",
             "RankMismatchError",
             "RankSyncTimeoutError",
+            "FleetStopError",
+            "FleetReattemptError",
             "OrmasCompatError",
             "RaySeamChanged",
         ],

@@ -41,7 +41,13 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     DDP after that step's update), nan_rank / nan_at (that rank's loss is NaN at that step), hang_rank / hang_at (that
     rank raises Ray's NCCLHangError, as the hang detector would end the group), stall_rank / stall_at /
     stall_s (that rank sleeps between that step's backward and its monitor step: the others pass
-    that check and wait for it in the next all-reduce).
+    that check and wait for it in the next all-reduce), block_rank / block_at (that rank blocks
+    forever before that step's backward, in `block_forever_before_backward`).
+
+    Fleet actions: resume (start from `ray_ormas.load_checkpoint`, at its step), ormas_checkpoint
+    (the reports of report_at carry `ray_ormas.save_checkpoint`), once_dir (each of the faults
+    nudge, hang, block and nan fires once per fit, whatever attempt reaches its step first: a
+    marker file in that folder says it fired).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -60,7 +66,9 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     steps = config.get("steps_by_rank", {}).get(str(rank), config.get("steps", 20))
     gen = torch.Generator().manual_seed(100 + rank)
     spinners = _spinners(config.get("spinners", 0) if rank == 0 else 0)
-    for step in range(steps):
+    state = ray_ormas.load_checkpoint(model, opt) if config.get("resume") else None
+    once = _Once(config.get("once_dir"))
+    for step in range(state.step if state is not None else 0, steps):
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
         if rank == 0 and step == config.get("kill_server_at"):
@@ -75,7 +83,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         if marker and step == 5 and rank == 0 and not os.path.exists(marker):
             open(marker, "w").close()  # only the first attempt fails
             raise RuntimeError("injected failure")
-        if rank == config.get("hang_rank") and step == config.get("hang_at"):
+        if rank == config.get("hang_rank") and step == config.get("hang_at") and once("hang"):
             from ray.train import NCCLHangError
 
             raise NCCLHangError(f"rank {rank} stuck in all_reduce (injected)", {})
@@ -87,21 +95,24 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         loss = F.cross_entropy(model(x[idx]), y[idx])
         if step >= config.get("explode_at", 1 << 30):
             loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
-        if rank == config.get("nan_rank") and step == config.get("nan_at"):
+        if rank == config.get("nan_rank") and step == config.get("nan_at") and once("nan"):
             loss = loss * float("nan")
         opt.zero_grad()
+        if rank == config.get("block_rank") and step == config.get("block_at") and once("block"):
+            block_forever_before_backward()
         loss.backward()
         if rank == config.get("stall_rank") and step == config.get("stall_at"):
-            import time
-
-            time.sleep(config["stall_s"])  # stuck in Python between its backward and its check
+            stall_between_backward_and_check(config["stall_s"])
         mon.step(loss)
         opt.step()
-        if rank == config.get("nudge_rank") and step == config.get("nudge_at"):
+        if rank == config.get("nudge_rank") and step == config.get("nudge_at") and once("nudge"):
             with torch.no_grad():  # outside DDP: the replicas now differ
                 (net.conv2[0] if isinstance(net, DigitsCNN) else net[0]).weight.add_(1e-3)
         if step + 1 in config.get("report_at", []):
-            if config.get("checkpoint"):
+            if config.get("ormas_checkpoint"):
+                checkpoint = ray_ormas.save_checkpoint(model, opt, step=step + 1)
+                ray_ormas.report({"user_step": step + 1}, checkpoint=checkpoint)
+            elif config.get("checkpoint"):
                 import tempfile
 
                 with tempfile.TemporaryDirectory() as d:  # the report (synchronous) copies it to storage
@@ -124,6 +135,47 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             raise AssertionError(f"close() returned {closed!r} on rank {rank}; expected None")
         out["closed"] = str(closed)
     return out
+
+
+class _Once:
+    """`once(name)`: True the first time in the fit (across attempts) that a fault fires, when
+    the loop has a `once_dir`; always True without one."""
+
+    def __init__(self, folder: str | None) -> None:
+        self._folder = folder
+
+    def __call__(self, name: str) -> bool:
+        if self._folder is None:
+            return True
+        marker = os.path.join(self._folder, name)
+        try:
+            with open(marker, "x"):
+                return True
+        except FileExistsError:
+            return False
+
+
+def stall_between_backward_and_check(seconds: float) -> None:
+    """A rank stuck in Python for a while (the name its stack shows)."""
+    import time
+
+    time.sleep(seconds)
+
+
+def diagnose_rank_1_at_check_3(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own: counts the checks it was shown (in its memory) and, at
+    the first attempt's check 3, asks for rank 1's stacks."""
+    view.memory["seen"] = view.memory.get("seen", 0) + 1
+    if view.attempt == 0 and view.check == 3:
+        return ray_ormas.FleetAction("diagnose", ranks=[1], reason=f"shown {view.memory['seen']} checks")
+    return None
+
+
+def block_forever_before_backward() -> None:
+    """A rank stuck in Python (the name its stack shows)."""
+    import threading
+
+    threading.Event().wait()
 
 
 def tiny_cnn() -> torch.nn.Module:

@@ -211,7 +211,10 @@ def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit
             "stall_s": HANG_AFTER_S * 2.5,
             "explode_at": 150,
         },
-        fleet=FleetSettings(hang_after_s=HANG_AFTER_S),
+        # The hang's action and the policy only capture stacks: the training is not changed.
+        fleet=FleetSettings(
+            hang_after_s=HANG_AFTER_S, actions={"hang": "diagnose"}, policy="tests.loops:diagnose_rank_1_at_check_3"
+        ),
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="busy", storage_path=str(storage)),
     ).fit()

@@ -98,6 +98,8 @@ def test_every_error_has_the_one_base_and_its_builtin_and_is_exported():
         "CheckpointError": ValueError,
         "CheckpointNotFoundError": FileNotFoundError,
         "MissingExtraError": ImportError,
+        "FleetStopError": RuntimeError,
+        "FleetReattemptError": RuntimeError,
     }
     assert set(classes) == {*builtins, "RayOrmasError"}
     for name, builtin in builtins.items():

@@ -16,6 +16,7 @@ from ray_ormas._internal.cli import main as cli
 from ray_ormas._internal.common.job_config import ConfigError, load_config, schema_reference
 
 from .conftest import ROOT
+from .loops import diagnose_rank_1_at_check_3
 
 EXAMPLES = ROOT / "examples"
 
@@ -160,6 +161,9 @@ NOT_DEFAULT = {
         "nccl_hang_detector": ("observe", "observe"),
         "nccl_hang_confirm_s": (120, 120.0),
         "hang_after_s": (30, 30.0),
+        "actions": ({"hang": "stop"}, {"hang": ("stop",)}),
+        "max_actions": (5, 5),
+        "policy": ("tests.loops:diagnose_rank_1_at_check_3", diagnose_rank_1_at_check_3),
     },
     BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},
 }

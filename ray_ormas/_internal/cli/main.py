@@ -239,12 +239,14 @@ def _report(records, out: Path, monitor: str | None) -> int:
 
 
 def _fleet_report(records) -> None:
-    """Each fit's fleet health (when it was on): the per-rank table and the alarms."""
+    """Each fit's fleet health (when it was on): the per-rank table, the alarms and the actions."""
     from ray_ormas._internal.record.fleet_record import (
+        action_text,
         fleet_folder,
         fleet_summary,
         ranks_label,
         read_fleet,
+        read_fleet_actions,
         read_fleet_attempts,
     )
 
@@ -265,6 +267,8 @@ def _fleet_report(records) -> None:
             )
         for a in alarms:
             print(f"    alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+        for x in read_fleet_actions(records.store, fit_id):
+            print(f"    action: {action_text(x)}")
 
 
 if __name__ == "__main__":

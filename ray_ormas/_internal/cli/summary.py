@@ -19,6 +19,7 @@ import posixpath
 from collections import Counter
 from typing import Any
 
+from ray_ormas._internal.record.fleet_record import action_text
 from ray_ormas._internal.record.layout import DIARY, METRICS
 from ray_ormas._internal.record.run_facts import RunFacts, run_facts
 from ray_ormas._internal.record.store import RecordStore
@@ -108,6 +109,8 @@ def render(
             )
         for a in fleet.alarms:
             out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+        for x in fleet.actions:
+            out.append(f"  action: {action_text(x)}")
         out.append(f"  fleet record: {fleet.record}")
     if run_page:
         out.append(f"run page: {run_page}")

@@ -4,22 +4,28 @@
     RayOrmasTrainer(loop, fleet=False)          # nothing of fleet health runs
 
 In a job config (`ray-ormas train`), the same names under `fleet:`. See docs/fleet-health.md for
-what each number means. The NCCL hang detector is Ray Train's own (Ray 2.60, experimental): the
+what each number means, and "When the fleet acts" there for `actions`:
+
+    FleetSettings(actions={"divergence": "reattempt", "hang": ["diagnose", "reattempt"]}, max_actions=3)
+ The NCCL hang detector is Ray Train's own (Ray 2.60, experimental): the
 settings only switch it on through the environment variables Ray reads on the driver.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_serializer, field_validator
 from pydantic.dataclasses import dataclass
 
+from ray_ormas._internal.common.fleet_policy import Policy, check_chain, policy_name, resolve_policy
 from ray_ormas._internal.common.options import SETTINGS_CONFIG
 from ray_ormas.errors import OptionError
 
 HangDetector = Literal["off", "observe", "fail"]
+ACTION_KINDS = ("straggler", "divergence", "nonfinite", "unreadable", "hang")  # the alarms that can act
+
 HANG_DETECTOR_ENV = "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR"
 HANG_ACTION_ENV = "RAY_TRAIN_NCCL_RAS_ACTION"
 HANG_CONFIRM_ENV = "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"
@@ -54,6 +60,15 @@ class FleetSettings:
         hang_after_s: the head's own hang watch, on any backend: a `hang` alarm when no rank
             has reached a new check for this many seconds (None: 10 times the longest interval
             between checks so far, at least 120 s; see docs/fleet-health.md).
+        actions: what an alarm does, by its kind (`straggler`, `divergence`, `nonfinite`,
+            `unreadable`, `hang`): "log" (the default for every kind: name it), "reattempt"
+            (restart the worker group from a checkpoint through Ray's failure path), "stop" (end
+            the fit with `FleetStopError`), or ["diagnose", then] (capture the named ranks' Python
+            stacks first, then the action after it, if any).
+        max_actions: at most this many actions per fit; after that an alarm only logs, and says why.
+        policy: your own rule: a function (or "module:function") that receives a `FleetView` at
+            every complete check and returns a `FleetAction` for named ranks, or None
+            (docs/fleet-health.md, "Your own rule").
     """
 
     enabled: bool = Field(
@@ -100,6 +115,42 @@ class FleetSettings:
         "(null: 10x the longest interval between checks so far, at least 120 s)",
     )
 
+    actions: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="what an alarm does, by kind: log (default), reattempt, stop, or [diagnose, then]",
+    )
+    max_actions: int = Field(default=3, ge=0, description="at most this many actions per fit; then alarms only log")
+    policy: Callable[..., Any] | None = Field(
+        default=None,
+        description="your own rule: 'module:function' called with a FleetView at every check, "
+        "returning a FleetAction or null",
+    )
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_callable(cls, value: Any) -> Policy | None:
+        return resolve_policy(value)
+
+    @field_serializer("policy")
+    def _policy_as_name(self, value: Any) -> str | None:
+        return policy_name(value)  # "module:function", as a config gives it
+
+    @field_validator("actions", mode="before")
+    @classmethod
+    def _action_chains(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise OptionError(f"must map alarm kinds to actions, e.g. {{'divergence': 'reattempt'}}, got {value!r}")
+        return {kind: _chain(kind, given) for kind, given in value.items()}
+
+    def action_for(self, kind: str) -> tuple[str, ...]:
+        """The actions of an alarm of `kind`, in order: ("log",) unless `actions` says otherwise."""
+        return self.actions.get(kind, ("log",))
+
+    @property
+    def acts(self) -> bool:
+        """Whether an alarm or the policy can do more than log."""
+        return self.policy is not None or any(chain != ("log",) for chain in self.actions.values())
+
     @field_validator("nccl_hang_detector", mode="before")
     @classmethod
     def _yaml_off_is_false(cls, value: Any) -> Any:
@@ -111,7 +162,7 @@ class FleetSettings:
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "policy": policy_name(self.policy)}
 
     def hang_detector_env(self) -> dict[str, str]:
         """The environment variables Ray Train reads on the driver to build its NCCL hang detector."""
@@ -121,3 +172,10 @@ class FleetSettings:
         if self.nccl_hang_confirm_s is not None:
             env[HANG_CONFIRM_ENV] = f"{self.nccl_hang_confirm_s:g}"
         return env
+
+
+def _chain(kind: Any, given: Any) -> tuple[str, ...]:
+    """One kind's actions as a tuple, checked: one action, or "diagnose" and then one."""
+    if kind not in ACTION_KINDS:
+        raise OptionError(f"{kind!r} is not an alarm kind that can act; the kinds are {', '.join(ACTION_KINDS)}")
+    return check_chain(kind, given)

@@ -100,6 +100,7 @@ def check_arguments(
     store = _record_store(run, record_dir)
     tracking = _mlflow_settings(mlflow, run)
     fleet_settings = _fleet_settings(fleet, world_size, scaling.use_gpu)
+    _check_restarts(fleet_settings, run)
     frameworks = check_frameworks(train_loop_per_worker) if settings.auto_monitor else ()
     # Ray Train checks its own arguments when a TorchTrainer is built (and refuses some, e.g.
     # V2's DeprecationWarning for metadata and resume_from_checkpoint): build one now, on the
@@ -256,14 +257,43 @@ def _mlflow_settings(mlflow: Any, run_config: RunConfig) -> MLflowSettings | Non
     return settings
 
 
+def _check_restarts(fleet: FleetSettings | None, run: RunConfig) -> None:
+    """A `reattempt` action restarts the group through Ray's failure policy, which needs room."""
+    if fleet is None:
+        return
+    restarting = sorted(kind for kind, chain in fleet.actions.items() if chain[-1] == "reattempt")
+    failures = run.failure_config.max_failures if run.failure_config is not None else 0
+    if fleet.policy is not None and failures == 0 and not restarting:
+        logger.warning(
+            "FleetSettings.policy may ask to restart the worker group, and with "
+            "FailureConfig(max_failures=0) a restart ends the fit instead: give max_failures >= 1 if it may"
+        )
+    if restarting and failures == 0:
+        raise OptionError(
+            f"FleetSettings.actions restarts the worker group on {', '.join(restarting)} alarms, and a "
+            f"restart is a failure to Ray: give RunConfig(failure_config=FailureConfig(max_failures=N)) "
+            f"with N >= 1 (or -1), or use 'log' or 'stop'"
+        )
+
+
 def _fleet_settings(fleet: Any, workers: int, use_gpu: bool) -> FleetSettings | None:
     """The fit's fleet settings, or None when fleet health is off."""
     if fleet is True:
         fleet = FleetSettings() if workers > 1 else None
+    elif isinstance(fleet, FleetSettings) and not fleet.enabled and fleet.acts:
+        raise OptionError(
+            "FleetSettings.actions acts on fleet alarms, and enabled=False turns fleet health off: "
+            "remove the actions, or leave fleet health on"
+        )
     elif fleet is False or isinstance(fleet, FleetSettings) and not fleet.enabled:
         return None
     elif not isinstance(fleet, FleetSettings):
         raise OptionTypeError(f"fleet must be True, False or a ray_ormas.FleetSettings, got {type(fleet).__name__}")
+    elif workers == 1 and fleet.acts:
+        raise OptionError(
+            "FleetSettings.actions acts on fleet alarms, which compare the ranks with each other: with "
+            "one worker there are none. Use ScalingConfig(num_workers=2) or more, or remove the actions"
+        )
     elif workers == 1:
         logger.warning(
             "fleet health compares the ranks with each other; with one worker there is "

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ray_ormas._internal.seams.ray_train import remote_error_line
+from ray_ormas.errors import FleetStopError
 
 MAX_MESSAGE = 600
 
@@ -44,6 +45,15 @@ def describe_failure(error: BaseException) -> str:
         )
         parts.append(where + text)
     return "; ".join(parts)
+
+
+def fleet_stop(error: BaseException) -> FleetStopError | None:
+    """The `FleetStopError` an alarm's `stop` action raised in the controller's callback (Ray
+    wraps it in a `ControllerError`), or that a rank raised; None for any other failure."""
+    for inner in every_wrapped(error):
+        if isinstance(inner, FleetStopError):
+            return inner
+    return None
 
 
 def one_line(error: BaseException) -> str:

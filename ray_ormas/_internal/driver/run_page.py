@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.record.fleet_record import ranks_label, read_fleet, read_fleet_attempts
+from ray_ormas._internal.record.fleet_record import (
+    action_text,
+    ranks_label,
+    read_fleet,
+    read_fleet_actions,
+    read_fleet_attempts,
+)
 from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
 from ray_ormas._internal.record.reader import RunRecords, Segment
 from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
@@ -87,7 +93,11 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
         _attempts_section(facts, segments, events, end),
         _metrics_section(journals, rows, segments, end),
         _layers_section(monitors, segments, events, store.root),
-        _fleet_section(fleets, {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets}),
+        _fleet_section(
+            fleets,
+            {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets},
+            {fit_id: read_fleet_actions(store, fit_id) for fit_id, *_ in fleets},
+        ),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
 
@@ -342,6 +352,7 @@ def _badges(counts: Counter[str]) -> str:
 def _fleet_section(
     fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]],
     fleet_attempts: dict[str, list[dict[str, Any]]],
+    fleet_actions: dict[str, list[dict[str, Any]]],
 ) -> str:
     if not fleets:
         return (
@@ -361,6 +372,11 @@ def _fleet_section(
             for a in fleet_attempts.get(fit_id, [])
             if a.get("event") == "resize"
         )
+        acted = "".join(
+            f"<li class='action' data-alarm='{_e(str(x.get('alarm')))}' data-action='{_e(str(x.get('action')))}'>"
+            f"{_e(action_text(x))}</li>"
+            for x in fleet_actions.get(fit_id, [])
+        )
         out.append(
             f"<h3>fit {_e(fit_id)}: {_e(ranks_label(meta))}, "
             f"{len({(c['attempt'], c['check']) for c in checks})} checks, {len(marks)} alarms</h3>"
@@ -368,6 +384,7 @@ def _fleet_section(
             + _heatmap("straggler score (1 = as fast as the others)", checks, marks, _score, "score")
             + (f"<ul class='resizes'>{resizes}</ul>" if resizes else "")
             + (f"<ul class='alarms'>{listed}</ul>" if listed else "<p class='note'>No alarm.</p>")
+            + (f"<ul class='actions'>{acted}</ul>" if acted else "")
         )
     return (
         "<section id='fleet'><h2>Fleet health</h2><p class='note'>One row per rank, one column per check "

@@ -54,6 +54,7 @@ from ray_ormas._internal.common.settings import (
 from ray_ormas._internal.driver.arguments import check_arguments, local_run_dir
 from ray_ormas._internal.driver.capacity import check_capacity
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
+from ray_ormas._internal.driver.failures import fleet_stop
 from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
 from ray_ormas._internal.driver.wind_down import Ending, WoundDown, wind_down
 from ray_ormas._internal.head.fleet_head import FleetSpec
@@ -243,7 +244,8 @@ class RayOrmasTrainer:
             )
         )
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
-        callback = LedgerCallback(ledger, tracking is not None)
+        acts = self.fleet is not None and self.fleet.acts
+        callback = LedgerCallback(ledger, tracking is not None, acts)
         plan = WorkerPlan(
             settings=self.settings,
             strategy=self.strategy,
@@ -253,6 +255,7 @@ class RayOrmasTrainer:
             ledger=ledger,
             tracked=tracking is not None,
             fleet=fleet is not None,
+            fleet_acts=acts,
             sync_batchnorm=self.sync_batchnorm,
             batches=self.batches,
             local_reports=callback if local else None,
@@ -286,6 +289,9 @@ class RayOrmasTrainer:
                     ray.get(callback.forward_exception({0: e}), timeout=60)
             with contextlib.suppress(Exception):  # the training error propagates as it is, whatever happens here
                 wind_down(ledger, self.store, self.mlflow, Ending("KILLED" if interrupted else "FAILED", error=e))
+            stop = fleet_stop(e)
+            if stop is not None:  # an alarm's `stop`: the package's own error, once the record is closed
+                raise stop from e
             raise
         else:
             checkpoint = result.checkpoint.path if result.checkpoint else None

@@ -6,6 +6,11 @@
                                      Ray's metrics (head/fleet_metrics.py), the fit's MLflow writer
     controller  after_exception   -> FleetHead.worker_errors (an NCCLHangError becomes an alarm)
     a thread    every second      -> StallWatch.poll (fleet/stall.py): no new check in time, a `hang` alarm
+    each complete check           -> the user's policy (head/policy_runner.py), if any: a `policy` alarm
+                                     when it asks for something
+    each alarm                    -> FleetActions.on_alarm (head/fleet_actions.py): what `FleetSettings.actions`
+                                     (or the policy) asks of it; the order a rank reads at its next check is
+                                     the answer to its `fleet_facts` call
     driver      fit() ends        -> FleetHead.finish -> FleetSummary (result.ormas.fleet)
 
 No process of its own (the hang watch is a thread of the ledger's), and no collective or barrier
@@ -27,6 +32,8 @@ from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.stall import StallWatch
+from ray_ormas._internal.head.fleet_actions import FleetActions, RankHandle
+from ray_ormas._internal.head.policy_runner import PolicyRunner
 from ray_ormas._internal.record.fleet_record import (
     CHECK_FIELDS,
     FleetRecordWriter,
@@ -35,6 +42,7 @@ from ray_ormas._internal.record.fleet_record import (
     mlflow_entries,
     ranks_label,
     read_fleet,
+    read_fleet_actions,
     read_fleet_attempts,
 )
 from ray_ormas._internal.record.store import RecordStore
@@ -90,11 +98,15 @@ class FleetHead:
         self._complete = 0
         self._last_run_step = 0
         self._hangs_seen = False
+        self._unreadable: set[int] = set()  # attempts with a rank whose facts cannot be read
         self._last_world: int | None = None
         self._label = ranks_label({"world_size": spec.world, "elastic": spec.elastic and list(spec.elastic)})
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
         self._lock = threading.RLock()
         self._stall = StallWatch(s.hang_after_s, spec.world)
+        self._actions = FleetActions(s, self._write_action) if s.acts else None
+        self._policy = PolicyRunner(s.policy) if s.policy is not None else None
+        self._alarms_seen: list[dict[str, Any]] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
         threading.Thread(target=self._watch_for_hangs, name="ray-ormas-hang-watch", daemon=True).start()
 
@@ -109,6 +121,8 @@ class FleetHead:
     def _offset_locked(self, attempt: int, offset: int, world_size: int | None) -> None:
         self._analyzer.set_offset(attempt, offset)
         self._stall.attempt_started(attempt, world_size)
+        if self._actions is not None:
+            self._actions.attempt_started(attempt)
         if world_size is None:
             return
         previous, self._last_world = self._last_world, world_size
@@ -134,15 +148,21 @@ class FleetHead:
             )
         self._record.append("attempts", [line], urgent=True)
 
-    def facts(self, attempt: int, facts: RankFacts) -> None:
-        """One rank's facts at one check (worker/fleet_probe.py)."""
+    @property
+    def acts(self) -> bool:
+        """Whether an alarm can act (`FleetSettings.actions`)."""
+        return self._actions is not None
+
+    def facts(self, attempt: int, facts: RankFacts) -> bool:
+        """One rank's facts at one check (worker/fleet_probe.py); True when they completed the
+        check (its alarms, and the actions they asked for, are decided)."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
             with self._lock:
                 self._stall.reached(attempt, facts.rank, facts.check, time.monotonic(), facts.step)
                 outcome = self._analyzer.add(attempt, facts)
             if outcome is None:
-                return
+                return False
             now = round(time.time(), 3)
             where = {
                 "attempt": outcome.attempt,
@@ -153,17 +173,75 @@ class FleetHead:
             }
             lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
             alarms = [{**a, "time": now} for a in outcome.alarms]
+            if self._policy is not None:
+                alarms += self._policy.consult(where, lines, (*self._alarms_seen, *alarms), now)
             self._last_run_step = outcome.run_step
             self._complete += 1
+            if self._actions is not None:
+                self._actions.book.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
             self._emit(lines, alarms, outcome.loss_mean)
         except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
         finally:
             self._head_s += time.thread_time() - started
+        return True
+
+    def _clean(self, ranks: list[dict[str, Any]]) -> bool:
+        """Every loss finite and, where replicas are compared, one digest."""
+        digests = {r.get("digest") for r in ranks} if self._analyzer.compare_digests else set()
+        return len(digests) <= 1 and not any(r.get("nonfinite") for r in ranks)
+
+    def order_for(self, attempt: int) -> dict[str, Any] | None:
+        """The order the ranks of `attempt` carry out at their next check, if an action gave one."""
+        return self._actions.order_for(attempt) if self._actions is not None else None
+
+    def incomplete(self, attempt: int) -> bool:
+        """Whether `attempt` has a rank whose facts cannot be read (its checks never complete)."""
+        return attempt in self._unreadable
+
+    # ------------------------------------------------------------------ actions (head/fleet_actions.py)
+    def rank_joined(self, attempt: int, rank: int, actor: Any, node_id: str, node: str, pid: int) -> None:
+        """A rank of `attempt` says where it runs (only when an alarm can act)."""
+        if self._actions is not None:
+            self._actions.rank_joined(attempt, RankHandle(rank, actor, node_id, node, pid))
+
+    def checkpoint_announced(self, attempt: int, step: int) -> None:
+        """The ranks of `attempt` met to report a checkpoint after `step` steps of its segment."""
+        if self._actions is not None:
+            with self._lock:
+                self._actions.book.announced(attempt, self._analyzer.run_step(attempt, step))
+
+    def checkpoint_taken(self, run_step: int, attempt: int, checkpoint: Any) -> None:
+        if self._actions is not None:
+            with self._lock:
+                self._actions.book.taken(run_step, attempt, checkpoint)
+
+    def resume_from(self) -> Any:
+        """The checkpoint a restart resumes from when it is not Ray's latest (else None)."""
+        return self._actions.resume_from() if self._actions is not None else None
+
+    def stop_message(self) -> str | None:
+        return self._actions.stop_message() if self._actions is not None else None
+
+    def _write_action(self, name: str, lines: list[dict[str, Any]]) -> None:
+        """Action and stack lines: to the record, one console line each, MLflow and Ray's counter."""
+        if not lines:
+            return
+        with self._lock:
+            self._record.append(name, lines, urgent=True)
+            if name != "actions":
+                return
+            for line in lines:
+                _say_action(line)
+            if self._gauges is not None:
+                self._gauges.acted(lines)
+            if self._tracking is not None:
+                self._tracking.fleet(mlflow_entries([], [], 0, lines))
 
     def unreadable(self, attempt: int, rank: int, check: int, error: str) -> None:
         """A rank's facts could not be read: an alarm that names it (in the fleet record, one
         warning, the fit's fleet summary), since the checks it misses cannot be analyzed."""
+        self._unreadable.add(attempt)
         alarm = {**unreadable_alarm(attempt, rank, check, error), "run_step": self._last_run_step}
         self._emit([], [alarm], None)
 
@@ -208,8 +286,11 @@ class FleetHead:
         with self._lock:
             self._record.append("checks", lines)
             self._record.append("alarms", alarms, urgent=True)
+            self._alarms_seen += alarms
             for a in alarms:
                 logger.warning("fleet %s: %s", a["kind"], a["message"])
+                if self._actions is not None:
+                    self._actions.on_alarm(a)
             if self._gauges is not None:
                 self._gauges.update(lines, loss_mean, alarms)
             if self._tracking is not None:
@@ -218,11 +299,40 @@ class FleetHead:
     def finish(self) -> FleetSummary:
         """The fit ended: close the record, read it back, summarize."""
         self._finished.set()
+        if self._actions is not None:
+            self._actions.wait_for_diagnoses()
         with self._lock:  # the hang watch's last poll has emitted what it had
             self._stall.winding_down()
+            if self._actions is not None:
+                self._actions.finished()
             self._record.close()
         store = self._spec.store
         _, checks, alarms = read_fleet(store, self._spec.fit_id)
         attempts = read_fleet_attempts(store, self._spec.fit_id)
+        actions = read_fleet_actions(store, self._spec.fit_id)
         per_check = self._head_s / self._complete * 1000 if self._complete else None
-        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check, attempts)
+        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check, attempts, actions)
+
+
+def _say_action(line: dict[str, Any]) -> None:
+    """One console line per action and per outcome."""
+    if line.get("event") == "outcome":
+        extra = f" in {line['seconds']} s" if line.get("seconds") is not None else ""
+        reason = f": {line['reason']}" if line.get("reason") else ""
+        said = line.get("outcome") or line.get("diagnosed")
+        logger.warning("fleet action %d: %s%s%s", line["id"], said, extra, reason)
+        return
+    ranks = ", ".join(map(str, line.get("ranks") or [])) or "-"
+    what = ("diagnose, then " if line.get("diagnose") else "") + str(line["action"])
+    chosen = f", from checkpoint {line['checkpoint']} ({line['why']})" if line.get("checkpoint") else ""
+    reason = f" ({line['reason']})" if line.get("reason") else ""
+    logger.warning(
+        "fleet action %d: %s after the %s alarm on ranks %s at run step %s%s%s",
+        line["id"],
+        what,
+        line["alarm"],
+        ranks,
+        line.get("run_step"),
+        chosen,
+        reason,
+    )

@@ -8,6 +8,8 @@ Prometheus and Grafana that Ray and KubeRay users already run pick them up:
     ray_ormas_fleet_rank_seconds{run, rank, node, phase="data"|"forward"|"wall"}
     ray_ormas_fleet_loss{run, rank}            and {run, rank="mean"} for the fleet's mean
     ray_ormas_fleet_alarms_total{run, kind}    a counter, one per alarm
+    ray_ormas_fleet_actions_total{run, kind, action}   a counter, one per action an alarm asked for
+                                               (`action` is what was carried out: "log" when bounded or failed)
 
 `k8s/grafana/ray-ormas-fleet.json` is a Grafana dashboard of them. A failure to export (Ray's
 metrics disabled, an exporter error) is logged once and never reaches training.
@@ -27,7 +29,9 @@ SCORE = "ormas_fleet_straggler_score"
 SECONDS = "ormas_fleet_rank_seconds"
 LOSS = "ormas_fleet_loss"
 ALARMS = "ormas_fleet_alarms"
+ACTIONS = "ormas_fleet_actions"
 EXPORTED = {SCORE: f"ray_{SCORE}", SECONDS: f"ray_{SECONDS}", LOSS: f"ray_{LOSS}", ALARMS: f"ray_{ALARMS}_total"}
+ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an action
 
 
 class FleetGauges:
@@ -54,6 +58,20 @@ class FleetGauges:
             tag_keys=("run", "rank"),
         )
         self._alarms = Counter(ALARMS, description="ray-ormas fleet alarms, by kind", tag_keys=("run", "kind"))
+        self._actions = Counter(
+            ACTIONS, description="ray-ormas fleet actions, by alarm kind and action", tag_keys=("run", "kind", "action")
+        )
+
+    def acted(self, lines: list[dict[str, Any]]) -> None:
+        """Action lines (head/fleet_actions.py): one count each, by alarm kind and action."""
+        try:
+            for line in lines:
+                if line.get("event") != "outcome" and line.get("alarm"):
+                    self._actions.inc(1, tags={"run": self._run, "kind": line["alarm"], "action": line["action"]})
+        except Exception as e:  # telemetry never breaks training
+            if not self._failed:
+                logger.warning("could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
+            self._failed = True
 
     def update(self, ranks: list[dict[str, Any]], loss_mean: float | None, alarms: list[dict[str, Any]]) -> None:
         try:

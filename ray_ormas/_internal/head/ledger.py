@@ -43,6 +43,7 @@ group at another size, and each rendezvous waits for the ranks of its own attemp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,8 @@ import ray
 
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
+
+ORDER_WAIT_S = 5.0  # the longest a rank's facts wait for the other ranks' before the answer goes back
 
 if TYPE_CHECKING:  # built inside the actor, on the head node, only when asked for
     from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
@@ -105,6 +108,7 @@ class RunLedger:
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
         self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
+        self._checks_done: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): every rank's facts in
 
     def alive(self) -> bool:
         """For the MLflow host (head/mlflow_host.py), which drops the writer of a ledger that died."""
@@ -127,10 +131,42 @@ class RunLedger:
             attempt = self.begin_attempt(token)
             self._fleet.offset(attempt, offset, self._worlds.get(attempt))
 
-    def fleet_facts(self, token: str, facts: RankFacts) -> None:
-        """One rank's facts at one check."""
+    async def fleet_facts(self, token: str, facts: RankFacts) -> dict[str, Any] | None:
+        """One rank's facts at one check. When an alarm can act, the answer comes once the check
+        is complete (at most ORDER_WAIT_S later): the order an alarm's action gave this attempt's
+        ranks (head/fleet_actions.py), or None. Every rank reads it at its next check, so all of
+        them carry it out at the same one."""
+        if self._fleet is None:
+            return None
+        attempt = self.begin_attempt(token)
+        completed = self._fleet.facts(attempt, facts)
+        if not self._fleet.acts:
+            return None
+        key = (attempt, facts.check)
+        done = self._checks_done.setdefault(key, asyncio.Event())
+        if completed:
+            done.set()
+            self._checks_done = {k: e for k, e in self._checks_done.items() if not e.is_set()}
+        elif not self._fleet.incomplete(attempt):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), ORDER_WAIT_S)
+        return self._fleet.order_for(attempt)
+
+    def fleet_rank(self, token: str, rank: int, actor: Any, node_id: str, node: str, pid: int) -> None:
+        """A rank says where it runs, when an alarm can act (a hang's action ends its worker,
+        `diagnose` reads its stacks on its node)."""
         if self._fleet is not None:
-            self._fleet.facts(self.begin_attempt(token), facts)
+            self._fleet.rank_joined(self.begin_attempt(token), rank, actor, node_id, node, pid)
+
+    def checkpoint_taken(self, run_step: int | None, checkpoint: Any) -> None:
+        """The controller registered a checkpoint reported at rank 0's `run_step`."""
+        if self._fleet is not None and isinstance(run_step, int):
+            self._fleet.checkpoint_taken(run_step, max(len(self._attempts) - 1, 0), checkpoint)
+
+    def resume_from(self) -> Any:
+        """The checkpoint a restarted group resumes from when an action chose one that is not
+        Ray's latest (worker/resume.py); None: Ray's latest."""
+        return self._fleet.resume_from() if self._fleet is not None else None
 
     def fleet_unreadable(self, token: str, rank: int, check: int, error: str) -> None:
         """A rank could not read its facts at a check (it says so once per attempt)."""
@@ -157,6 +193,8 @@ class RunLedger:
         m.arrivals[rank] = Arrival(kind, step, checkpoint)
         if self._fleet is not None:
             self._fleet.meeting(kind)
+            if checkpoint:  # known here before Ray registers it (an action may choose it)
+                self._fleet.checkpoint_announced(self.begin_attempt(token), step)
         if len(m.arrivals) >= world_size:
             m.done.set()
         await m.done.wait()
@@ -189,10 +227,14 @@ class RunLedger:
     def add_report(self, per_rank: list[dict[str, Any]]) -> None:
         self._reports.append(per_rank)
 
-    def add_exception(self, per_rank: dict[int, str]) -> None:
+    def add_exception(self, per_rank: dict[int, str]) -> str | None:
+        """A failed attempt's errors; returns the `FleetStopError` message when an alarm's
+        action stopped the fit (the controller raises it: head/ledger_callback.py)."""
         self._exceptions.append(per_rank)
-        if self._fleet is not None:
-            self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)
+        if self._fleet is None:
+            return None
+        self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)
+        return self._fleet.stop_message()
 
     def set_record(self, monitor: str, path: str) -> None:
         self._records[monitor] = path

@@ -7,6 +7,9 @@ Layout, under the record root (record/store.py), one folder per `fit()`:
     ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
     ormas/fleet/<fit id>/attempts.jsonl  one line per worker-group attempt: its world size and first run
                                          step; `"event": "resize"` when an elastic fit's size changed
+    ormas/fleet/<fit id>/actions.jsonl   one line per action an alarm asked for (fleet/actions.py), and
+                                         one more when its outcome is known (`"event": "outcome"`)
+    ormas/fleet/<fit id>/stacks.jsonl    the Python stacks a `diagnose` action captured, one line per rank
 
 The files are append-only. On a local (or mounted) store the head appends to them in place and
 flushes every line; on object storage it appends to a copy on the head node and sends the new lines
@@ -35,7 +38,15 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.record.layout import FLEET_ALARMS, FLEET_ATTEMPTS, FLEET_CHECKS, FLEET_DIR, FLEET_META
+from ray_ormas._internal.record.layout import (
+    FLEET_ACTIONS,
+    FLEET_ALARMS,
+    FLEET_ATTEMPTS,
+    FLEET_CHECKS,
+    FLEET_DIR,
+    FLEET_META,
+    FLEET_STACKS,
+)
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
 
@@ -81,7 +92,7 @@ class FleetRecordWriter:
             (self._local / FLEET_META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         except OSError as e:
             self._fail(e)
-        self._files = {name: self._open(name) for name in ("checks", "alarms", "attempts")}
+        self._files = {name: self._open(name) for name in ("checks", "alarms", "attempts", "actions", "stacks")}
         if not store.is_local:
             self._dirty.set()
             threading.Thread(target=self._uploader, name="ray-ormas-fleet-upload", daemon=True).start()
@@ -195,6 +206,40 @@ def read_fleet_attempts(store: RecordStore, fit_id: str) -> list[dict[str, Any]]
     return store.read_lines(posixpath.join(fleet_folder(store, fit_id), FLEET_ATTEMPTS))
 
 
+def read_fleet_actions(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
+    """One fit's actions (fleet/actions.py), each line merged with its outcome's, oldest first,
+    with the stacks a `diagnose` captured (rank -> text) under `stacks`."""
+    folder = fleet_folder(store, fit_id)
+    actions: dict[Any, dict[str, Any]] = {}
+    for line in store.read_lines(posixpath.join(folder, FLEET_ACTIONS)):
+        if line.get("event") == "outcome" and line.get("id") in actions:
+            actions[line["id"]].update({k: v for k, v in line.items() if k not in ("event", "id")})
+        else:
+            actions[line.get("id")] = dict(line)
+    for line in store.read_lines(posixpath.join(folder, FLEET_STACKS)):
+        if line.get("id") in actions:
+            actions[line["id"]].setdefault("stacks", {})[str(line.get("rank"))] = line.get("stack")
+    return list(actions.values())
+
+
+def action_text(line: dict[str, Any]) -> str:
+    """One action (a line of `read_fleet_actions`) in words, as the report, the end-of-run
+    summary and run.html say it."""
+    what = ("diagnose, then " if line.get("diagnose") else "") + str(line.get("action"))
+    ranks = ", ".join(str(r) for r in line.get("ranks") or []) or "-"
+    text = f"{what} after the {line.get('alarm')} alarm on ranks {ranks} at run step {line.get('run_step')}"
+    text += f": {line.get('outcome')}"
+    if line.get("seconds") is not None:
+        text += f", training again {line['seconds']} s after the alarm"
+    if line.get("checkpoint_run_step") is not None:
+        text += f", from the checkpoint at run step {line['checkpoint_run_step']}"
+    if line.get("reason"):
+        text += f" ({line['reason']})"
+    if line.get("stacks"):
+        text += f"; stacks of ranks {', '.join(sorted(line['stacks']))} in stacks.jsonl"
+    return text
+
+
 def ranks_label(meta: dict[str, Any]) -> str:
     """'2 ranks', or '1 to 2 ranks (elastic)' for an elastic fit's fleet record."""
     elastic = meta.get("elastic")
@@ -220,6 +265,10 @@ class FleetSummary:
         attempts: one dict per worker-group attempt (`attempt`, `world_size`, `run_step`, `event`:
             "start", "restart" at the same size, or "resize" with `resized_from`), oldest first.
             An elastic fit's resizes are here, never among the alarms.
+        actions: one dict per action an alarm asked for (`FleetSettings.actions`): the alarm,
+            the action carried out, the ranks and node, the checkpoint chosen, the outcome and
+            its reason, `seconds` from the alarm to the group training again, and the `stacks`
+            a `diagnose` captured (rank -> text), oldest first.
     """
 
     record: str
@@ -230,6 +279,7 @@ class FleetSummary:
     loss_rank0: float | None = None
     head_ms_per_check: float | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def resizes(self) -> list[dict[str, Any]]:
@@ -255,6 +305,7 @@ def fleet_summary(
     alarms: list[dict[str, Any]],
     head_ms_per_check: float | None = None,
     attempts: list[dict[str, Any]] | None = None,
+    actions: list[dict[str, Any]] | None = None,
 ) -> FleetSummary:
     """The summary of one fit's check, alarm and attempt lines."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
@@ -291,6 +342,7 @@ def fleet_summary(
         loss_rank0=rank0,
         head_ms_per_check=head_ms_per_check,
         attempts=list(attempts or []),
+        actions=list(actions or []),
     )
 
 
@@ -305,7 +357,10 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 # ------------------------------------------------------------------ MLflow
 def mlflow_entries(
-    checks: list[dict[str, Any]], alarms: list[dict[str, Any]], mlflow_ranks: int
+    checks: list[dict[str, Any]],
+    alarms: list[dict[str, Any]],
+    mlflow_ranks: int,
+    actions: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, float, int]]:
     """The MLflow metrics (name, value, run step) of fleet lines; the live writer and
     `ray-ormas mlflow-sync` both use this, so they agree on what the run should hold."""
@@ -333,4 +388,8 @@ def mlflow_entries(
     for a in alarms:
         step = a.get("run_step") if isinstance(a.get("run_step"), int) else a.get("last_run_step", 0)
         out.append((f"fleet/alarms/{a['kind']}", float(len(a.get("ranks") or []) or 1), int(step or 0)))
+    for line in actions or []:  # 1 for an action carried out, 0 for one that only logged
+        if line.get("event") != "outcome" and line.get("alarm"):
+            done = 0.0 if line.get("action") == "log" else 1.0
+            out.append((f"fleet/actions/{line['alarm']}", done, int(line.get("run_step") or 0)))
     return out

@@ -9,7 +9,8 @@ of these names: every other module takes them from here.
           diary.jsonl, metrics.jsonl              DIARY, METRICS: ormas-monitor's hash-chained files
           report.html, ...                        REPORT: ormas-monitor's reports, at the end
           diary.jsonl.parts/0000000000000000      on object storage, a file still open: sent in parts
-      fleet/<fit id>/                             FLEET_DIR: fleet.json, checks.jsonl, alarms.jsonl, attempts.jsonl
+      fleet/<fit id>/                             FLEET_DIR: fleet.json, checks.jsonl, alarms.jsonl, attempts.jsonl,
+                                                  actions.jsonl, stacks.jsonl
       run.html                                    RUN_PAGE: the run on one page (driver/run_page.py)
       .mlflow/<fit id>.json                       JOURNAL_DIR: the fit's MLflow journal (tracking/sync.py)
 
@@ -38,6 +39,8 @@ FLEET_META = "fleet.json"
 FLEET_CHECKS = "checks.jsonl"
 FLEET_ALARMS = "alarms.jsonl"
 FLEET_ATTEMPTS = "attempts.jsonl"
+FLEET_ACTIONS = "actions.jsonl"
+FLEET_STACKS = "stacks.jsonl"
 JOURNAL_DIR = ".mlflow"
 PARTS_SUFFIX = ".parts"
 CHECKPOINT_KEY = "ormas"

@@ -7,6 +7,7 @@
     records.fleet_checks()              # pyarrow.Table: one row per rank per check (fleet health)
     records.fleet_alarms()              # pyarrow.Table: one row per fleet alarm
     records.fleet_attempts()            # pyarrow.Table: one row per attempt: world size, resize or not
+    records.fleet_actions()             # pyarrow.Table: one row per action an alarm asked for
     records.write_parquet("out/")       # out/events.parquet, out/metrics.parquet, out/fleet_*.parquet
     records.rebuild_reports("local/")   # each segment copied here, its HTML reports rebuilt, verified
 
@@ -32,7 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet, read_fleet_attempts
+from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet, read_fleet_actions, read_fleet_attempts
 from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import diary_tail, read_link
@@ -114,6 +115,27 @@ FLEET_ALARMS_SCHEMA = pa.schema(
         ("ranks", pa.list_(pa.int32())),
         ("node", pa.string()),
         ("message", pa.string()),
+        ("line", pa.string()),
+    ]
+)
+
+FLEET_ACTIONS_SCHEMA = pa.schema(
+    [
+        ("fit_id", pa.string()),
+        ("id", pa.int32()),
+        ("attempt", pa.int32()),
+        ("run_step", pa.int64()),
+        ("time", pa.float64()),
+        ("alarm", pa.string()),
+        ("action", pa.string()),
+        ("diagnose", pa.bool_()),
+        ("ranks", pa.list_(pa.int32())),
+        ("node", pa.string()),
+        ("checkpoint", pa.string()),
+        ("checkpoint_run_step", pa.int64()),
+        ("outcome", pa.string()),
+        ("reason", pa.string()),
+        ("seconds", pa.float64()),
         ("line", pa.string()),
     ]
 )
@@ -259,6 +281,22 @@ class RunRecords:
         ]
         return pa.Table.from_pylist(rows, schema=FLEET_ATTEMPTS_SCHEMA)
 
+    def fleet_actions(self) -> pa.Table:
+        """Fleet health, every fit: one row per action an alarm asked for (`FleetSettings.actions`),
+        with its outcome; `line` is the whole action as JSON, with the `stacks` a `diagnose`
+        captured (rank -> text)."""
+        rows = [
+            {
+                **{k: line.get(k) for k in FLEET_ACTIONS_SCHEMA.names},
+                "fit_id": fit_id,
+                "node": _str(line.get("node")),
+                "line": json.dumps(line, sort_keys=True),
+            }
+            for fit_id in self.fleets()
+            for line in read_fleet_actions(self.store, fit_id)
+        ]
+        return pa.Table.from_pylist(rows, schema=FLEET_ACTIONS_SCHEMA)
+
     def fleet_alarms(self) -> pa.Table:
         """Fleet health, every fit: one row per alarm; `line` is the whole alarm as JSON."""
         rows = []
@@ -277,8 +315,8 @@ class RunRecords:
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
         """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
         its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
-        folder), and `fleet_checks.parquet`, `fleet_alarms.parquet` and `fleet_attempts.parquet`
-        when there is a fleet record."""
+        folder), and `fleet_checks.parquet`, `fleet_alarms.parquet`, `fleet_attempts.parquet` and
+        `fleet_actions.parquet` when there is a fleet record."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -299,10 +337,12 @@ class RunRecords:
                 fleet_checks=out / "fleet_checks.parquet",
                 fleet_alarms=out / "fleet_alarms.parquet",
                 fleet_attempts=out / "fleet_attempts.parquet",
+                fleet_actions=out / "fleet_actions.parquet",
             )
             pq.write_table(self.fleet_checks(), paths["fleet_checks"])
             pq.write_table(self.fleet_alarms(), paths["fleet_alarms"])
             pq.write_table(self.fleet_attempts(), paths["fleet_attempts"])
+            pq.write_table(self.fleet_actions(), paths["fleet_actions"])
         return paths
 
     def rebuild_reports(self, out_dir: str | os.PathLike, monitor: str | None = None) -> list[SegmentReport]:

@@ -29,7 +29,7 @@ remove. ray-ormas adds the record pointer to the checkpoint's Ray metadata when 
 travel: ormas-monitor 0.2.3 has no state_dict, so a resumed attempt starts a fresh monitor in a new
 record segment; docs/fault-tolerance.md says what that changes.
 
-Hooks relied on: `ray.train.get_checkpoint`, `ray.train.Checkpoint.from_directory`,
+Hooks relied on: `ray.train.get_checkpoint` (through worker/resume.py), `ray.train.Checkpoint.from_directory`,
 `ray.train.get_context` (rank), `torch.distributed` (gather of the random states).
 """
 
@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.worker.resume import start_checkpoint
 from ray_ormas.errors import CheckpointError, CheckpointNotFoundError, OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.checkpointing")
@@ -133,8 +134,10 @@ def load_checkpoint(
     """Restore what `save_checkpoint` saved, identically on every rank; call on every rank.
 
     `checkpoint` defaults to `ray.train.get_checkpoint()` (the run's latest, after a restart or
-    when the trainer resumes). Returns None when there is none: a fresh start."""
-    checkpoint = checkpoint if checkpoint is not None else ray.train.get_checkpoint()
+    when the trainer resumes), or, after an alarm's `reattempt` for diverged replicas or a
+    non-finite loss, the last checkpoint taken while every check was clean (docs/fleet-health.md).
+    Returns None when there is none: a fresh start."""
+    checkpoint = checkpoint if checkpoint is not None else start_checkpoint()
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as d:

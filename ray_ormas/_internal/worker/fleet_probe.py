@@ -18,6 +18,15 @@ only inside them:
                                                 device; the facts go to the run ledger with an
                                                 actor call that is never awaited
 
+When an alarm can act (`FleetSettings.actions`), the probe keeps the reference of its last
+`fleet_facts` call and reads its answer at the next check: the head's order for this attempt
+(head/fleet_actions.py), which the monitor raises after the check's row is on disk
+(worker/monitor.py). The ledger answers once every rank's facts of that check are in, so every
+rank reads the same order at the same check; by the next check the answer has come, and reading
+it is not a wait (the ledger answers within ORDER_WAIT_S in any case). The probe also tells the
+head once where this rank runs (its worker actor, node and process), for a hang's action and for
+`diagnose`.
+
 `data_s` covers everything between two steps (loading, host-to-device copy, the previous
 optimizer step); `forward_s` is the forward compute alone: the hook sits inside DDP's wrapper,
 so DDP's buffer broadcast (a collective) is not in it. Backward is not measured: DDP's gradient
@@ -27,7 +36,8 @@ synchronized; `data_s` and `wall_s` are host time. Under FSDP the forward includ
 all-gathers, so `forward_s` there is not wait-free (docs/fleet-health.md).
 
 Hooks relied on: `nn.Module.register_forward_pre_hook` / `register_forward_hook`, the
-monitor's public `step_count`, `checks` and `check_every`, `ray.util.get_node_ip_address`.
+monitor's public `step_count`, `checks` and `check_every`, `ray.util.get_node_ip_address`,
+`ray.get` with a timeout, `ray.get_runtime_context()` (`current_actor`, `get_node_id`).
 """
 
 from __future__ import annotations
@@ -35,10 +45,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
 import statistics
 import time
 from typing import Any, NamedTuple
 
+import ray
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -50,6 +62,7 @@ from ray_ormas._internal.worker.reporting import loss_value
 GROUPS = 64  # the parameter list is cut into at most this many digest groups
 TIMED_STEPS = 8  # a check carries the median timings of at most this many steps up to it
 NONFINITE_LAYERS_SHOWN = 8
+READ_ORDER_S = 10.0  # the ledger answers within its ORDER_WAIT_S (5 s); this only bounds a lost answer
 
 
 class _StepTimes(NamedTuple):
@@ -61,7 +74,9 @@ class _StepTimes(NamedTuple):
 class RankProbe:
     """Fleet facts of the main monitor's model on this rank (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, ledger: Any, token: str, rank: int, node: str, world_size: int) -> None:
+    def __init__(
+        self, model: nn.Module, ledger: Any, token: str, rank: int, node: str, world_size: int, acts: bool = False
+    ) -> None:
         self._outer = model
         self._inner = model.module if isinstance(model, DistributedDataParallel) else model
         self._ledger = ledger
@@ -83,7 +98,19 @@ class RankProbe:
         self._events: list[tuple[int, Any, Any]] = []  # (step of the window, start, end): CUDA
         self._group_names: tuple[tuple[str, str], ...] | None = None
         self.armed = False
+        self._acts = acts
+        self._answer: Any = None  # the last fleet_facts call's reference (when an alarm can act)
+        self.order: dict[str, Any] | None = None  # the head's order for this attempt, once read
+        if acts:
+            self._say_where()
         self.arm()
+
+    def _say_where(self) -> None:
+        with contextlib.suppress(Exception):  # without it, a hang's action and diagnose say they cannot
+            context = ray.get_runtime_context()
+            self._ledger.fleet_rank.remote(
+                self._token, self._rank, context.current_actor, context.get_node_id(), self._node, os.getpid()
+            )
 
     # ------------------------------------------------------------------ timing
     def arm(self) -> None:
@@ -170,10 +197,21 @@ class RankProbe:
                 with contextlib.suppress(Exception):
                     self._ledger.fleet_unreadable.remote(self._token, self._rank, check, f"{type(e).__name__}: {e}")
             return
+        if self._acts:
+            self._read_order()
         try:
-            self._ledger.fleet_facts.remote(self._token, facts)
+            answer = self._ledger.fleet_facts.remote(self._token, facts)
+            if self._acts:
+                self._answer = answer
         except Exception:  # a gone ledger: the next check tries again
             pass
+
+    def _read_order(self) -> None:
+        """The answer to the last check's call: the head's order, if any."""
+        if self._answer is None or self.order is not None:
+            return
+        with contextlib.suppress(Exception):  # a gone or late ledger gives no order
+            self.order = ray.get(self._answer, timeout=READ_ORDER_S)
 
     def _facts(self, check: int, step: int, loss: torch.Tensor | float | None) -> RankFacts:
         timed = self._timed or [_StepTimes(self._data_s, self._forward_s, time.perf_counter() - self._t_end)]

@@ -29,6 +29,7 @@ from ray_ormas._internal.worker.fleet_probe import RankProbe
 from ray_ormas._internal.worker.micro_steps import MicroStepLosses
 from ray_ormas._internal.worker.plan import Attach, WorkerPlan
 from ray_ormas._internal.worker.reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
+from ray_ormas._internal.worker.resume import order_error
 from ray_ormas._internal.worker.row_forwarder import RowForwarder
 
 logger = get_logger("ray_ormas.worker")
@@ -119,7 +120,9 @@ class MonitorRuntime:
         if plan.fleet and self._primary:
             if session.rank == 0:
                 plan.ledger.fleet_offset.remote(session.token, self.step_offset)
-            self._probe = RankProbe(model, plan.ledger, session.token, session.rank, session.node(), session.world_size)
+            self._probe = RankProbe(
+                model, plan.ledger, session.token, session.rank, session.node(), session.world_size, plan.fleet_acts
+            )
 
     # ------------------------------------------------------------------ the steps of __init__
     def _claim_segment(self, attach: Attach) -> None:
@@ -261,6 +264,8 @@ class MonitorRuntime:
             probe.between_steps(monitor.step_count, monitor.check_every)
         if self.record_dir is not None:
             flush_metrics(monitor)  # the row is on disk before the next step can crash
+        if probe is not None and probe.order is not None:
+            raise order_error(probe.order)
         every = self._session.plan.settings.report_every
         if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)

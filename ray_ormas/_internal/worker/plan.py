@@ -27,6 +27,7 @@ class WorkerPlan:
     ledger: Any
     tracked: bool = False  # the ledger's MLflow writer takes rank 0's rows
     fleet: bool = False  # every rank sends fleet facts at every check
+    fleet_acts: bool = False  # an alarm can act (FleetSettings.actions): ranks read the head's orders
     sync_batchnorm: bool = False
     # The batch at each world size the fit may run at (BatchSize.to_dict, or elastic_splits for
     # an elastic range), when the trainer has one

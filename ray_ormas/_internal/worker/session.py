@@ -47,6 +47,7 @@ from ray_ormas._internal.worker.checkpointing import is_temporary
 from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
 from ray_ormas._internal.worker.rendezvous import meet
+from ray_ormas._internal.worker.resume import start_checkpoint, use_ledger
 from ray_ormas.errors import OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.worker")
@@ -86,6 +87,7 @@ class WorkerSession:
         self.attempt = (
             ray.get(plan.ledger.begin_attempt.remote(self.token, self.world_size), timeout=60) if self.rank == 0 else 0
         )
+        use_ledger(plan.ledger if plan.fleet_acts else None)  # a restart may resume from the fleet's choice
         self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
@@ -98,11 +100,12 @@ class WorkerSession:
         return self._node
 
     def resumed_from(self) -> dict[str, Any] | None:
-        """The checkpoint this attempt starts from (`ray.train.get_checkpoint()`) and the record
+        """The checkpoint this attempt starts from (worker/resume.py: Ray's latest, unless an
+        alarm's action chose an earlier one) and the record
         pointer in its metadata; None on a fresh start. Read once, on rank 0."""
         if not self._resume_read:
             self._resume_read = True
-            checkpoint = ray.train.get_checkpoint()
+            checkpoint = start_checkpoint()
             if checkpoint is not None:
                 record = record_pointer(checkpoint)  # unreadable metadata: said, and None
                 self._resumed_from = {"checkpoint": checkpoint.path, "record": record}

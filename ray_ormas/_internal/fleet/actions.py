@@ -1,0 +1,167 @@
+"""What an alarm does: the head's decision for each alarm, bounded, and the checkpoint a restart
+resumes from.
+
+Pure Python, no Ray, no torch: the fleet head (head/fleet_head.py) asks `ActionPlanner.decide` for
+every alarm it emits and carries out what comes back (head/fleet_actions.py); `CheckpointBook`
+keeps every checkpoint the fit reported and which of them were taken after the replicas stopped
+agreeing or a loss stopped being finite, so that a restart never resumes from those.
+
+The rules (docs/fleet-health.md, "When the fleet acts"):
+
+* an alarm's actions are `FleetSettings.action_for(kind)` (a `policy` alarm carries the chain its
+  policy asked for): ("log",) does nothing more;
+* at most `max_actions` actions per fit; after that an alarm only logs, and its line says why;
+* one action per attempt: once an attempt is being restarted or stopped, its later alarms log;
+* `reattempt` after a `divergence` or `nonfinite` alarm resumes from the last checkpoint taken no
+  later than the last check at which every rank's digest agreed and every loss was finite; when
+  there is none, the action falls back to `log` and says so (restarting would replay the damage,
+  or throw away the whole run).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+
+DAMAGE_KINDS = ("divergence", "nonfinite")  # alarms whose later checkpoints are not resumed from
+
+
+@dataclass
+class _Book:
+    run_step: int
+    attempt: int
+    checkpoint: Any  # a ray.train.Checkpoint (opaque here); None until Ray registers it
+    suspect: bool = False
+
+
+@dataclass
+class CheckpointBook:
+    """Every checkpoint the fit reported, in order, and each attempt's last clean check.
+
+    A checkpoint is judged by its run step within its attempt, not by when Ray's controller
+    registered it (which can come after the next checks): it is suspect when it was taken after
+    the attempt's last clean check and a later check of that attempt was not clean."""
+
+    _books: list[_Book] = field(default_factory=list)
+    _clean_through: dict[int, int] = field(default_factory=dict)  # attempt -> run step of its last clean check
+    _dirty: set[int] = field(default_factory=set)  # attempts whose latest complete check was not clean
+
+    @property
+    def clean_through(self) -> int | None:
+        """The run step of the latest clean check (of the latest attempt that had one)."""
+        return self._clean_through[max(self._clean_through)] if self._clean_through else None
+
+    def checked(self, attempt: int, run_step: int, clean: bool) -> None:
+        """A complete check: were the digests in agreement and every loss finite?"""
+        if clean:
+            self._clean_through[attempt] = run_step
+            self._dirty.discard(attempt)
+        else:
+            self._dirty.add(attempt)
+
+    def announced(self, attempt: int, run_step: int) -> None:
+        """The ranks met to report a checkpoint at `run_step` (before Ray registers it)."""
+        if not any(b.attempt == attempt and b.run_step == run_step for b in self._books):
+            self._books.append(self._judged(_Book(run_step, attempt, None)))
+
+    def taken(self, run_step: int, attempt: int, checkpoint: Any) -> None:
+        """Ray registered a checkpoint reported at `run_step` of `attempt`."""
+        for b in self._books:
+            if b.attempt == attempt and b.run_step == run_step and b.checkpoint is None:
+                b.checkpoint = checkpoint
+                return
+        self._books.append(self._judged(_Book(run_step, attempt, checkpoint)))
+
+    def _judged(self, book: _Book) -> _Book:
+        book.suspect = book.attempt in self._dirty and book.run_step > self._clean_through.get(book.attempt, -1)
+        return book
+
+    def damaged(self, attempt: int) -> None:
+        """A divergence or non-finite alarm in `attempt`: its checkpoints after its last clean
+        check are suspect."""
+        self._dirty.add(attempt)
+        for b in self._books:
+            if b.attempt == attempt and b.run_step > self._clean_through.get(attempt, -1):
+                b.suspect = True
+
+    def last_good(self) -> tuple[int, Any] | None:
+        """(run step, checkpoint) of the latest checkpoint that is not suspect."""
+        good = [b for b in self._books if not b.suspect]
+        return (good[-1].run_step, good[-1].checkpoint) if good else None
+
+    def latest(self) -> tuple[int, Any] | None:
+        """(run step, checkpoint) of the latest checkpoint reported (Ray's latest)."""
+        return (self._books[-1].run_step, self._books[-1].checkpoint) if self._books else None
+
+    def resume_override(self) -> Any:
+        """The checkpoint a restart must resume from when it is not Ray's latest (None: Ray's
+        latest, or no checkpoint at all, or one Ray has not registered)."""
+        registered = [b for b in self._books if b.checkpoint is not None]
+        if not registered or not registered[-1].suspect:
+            return None
+        good = [b for b in registered if not b.suspect]
+        return good[-1].checkpoint if good else None
+
+
+@dataclass
+class ActionPlanner:
+    """Decides what each alarm does (see the module docstring)."""
+
+    settings: FleetSettings
+    taken: int = 0
+    _acted_attempts: set[int] = field(default_factory=set)
+    _next_id: int = 0
+
+    def decide(self, alarm: dict[str, Any]) -> dict[str, Any] | None:
+        """The action line of `alarm` (its `action` the one to carry out, `diagnose` whether stacks
+        are captured first), or None when the alarm only logs as it always did."""
+        chain = tuple(alarm["chain"]) if alarm.get("chain") else self.settings.action_for(alarm["kind"])
+        if chain == ("log",):
+            return None
+        self._next_id += 1
+        line: dict[str, Any] = {
+            "id": self._next_id,
+            "alarm": alarm["kind"],
+            "requested": list(chain),
+            "attempt": alarm.get("attempt"),
+            "run_step": alarm.get("run_step"),
+            "ranks": list(alarm.get("ranks") or []),
+            "node": alarm.get("node"),
+            "time": round(time.time(), 3),
+        }
+        if self.taken >= self.settings.max_actions:
+            return {
+                **line,
+                "action": "log",
+                "diagnose": False,
+                "outcome": "bounded",
+                "reason": f"max_actions ({self.settings.max_actions}) already taken in this fit: only logged",
+            }
+        if alarm.get("attempt") in self._acted_attempts:
+            return {
+                **line,
+                "action": "log",
+                "diagnose": False,
+                "outcome": "skipped",
+                "reason": f"attempt {alarm.get('attempt')} is already being acted on: only logged",
+            }
+        self.taken += 1
+        final = chain[-1] if chain[-1] != "diagnose" else "log"
+        if final in ("reattempt", "stop"):
+            attempt = alarm.get("attempt")
+            self._acted_attempts.add(attempt if isinstance(attempt, int) else -1)
+        return {**line, "action": final, "diagnose": chain[0] == "diagnose", "outcome": "requested"}
+
+    def released(self, attempt: int | None) -> None:
+        """The action on `attempt` fell back to logging: it does not count against `max_actions`,
+        and a later alarm of that attempt may act."""
+        self.taken -= 1
+        self._acted_attempts.discard(attempt if attempt is not None else -1)
+
+
+def fall_back(line: dict[str, Any], reason: str) -> dict[str, Any]:
+    """An action that could not be carried out: it logs instead, and says why."""
+    return {**line, "action": "log", "outcome": "failed", "reason": reason}

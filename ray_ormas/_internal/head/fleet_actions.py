@@ -1,0 +1,262 @@
+"""What an alarm's action does, carried out on the head node, inside the run ledger actor.
+
+    FleetHead._emit(alarm)  -> FleetActions.on_alarm: ActionPlanner.decide (fleet/actions.py)
+      log        nothing more (as without actions)
+      diagnose   a thread: py-spy dumps the named ranks' stacks, on their nodes, into the fleet
+                 record (stacks.jsonl); then the chain's next action
+      reattempt  an order: every rank of the attempt reads it at its next check and raises
+                 `FleetReattemptError`, so the group fails through Ray's own path and
+                 `FailureConfig` restarts it; a rank that cannot reach a check (a hang) has its
+                 worker actor killed, which Ray's poll sees as a worker failure
+      stop       the same order with `FleetStopError`; the controller's `after_exception`
+                 (head/ledger_callback.py) asks `stop_message` and raises it there, which Ray
+                 does not retry; the driver raises it after the record is closed
+    a new attempt starts -> the action's outcome line, with the seconds from the alarm
+    a rank restarts      -> `resume_from`: the checkpoint a `divergence` or `nonfinite` reattempt
+                            chose, when it is not Ray's latest (worker/resume.py reads it)
+
+Every failure here (no checkpoint before the damage, a worker actor unknown, py-spy missing or
+refused) is written as the action's outcome, and the alarm only logs: an action never crashes or
+hangs the fit.
+
+Hooks relied on: `ray.kill` on a Ray Train worker actor (its handle from
+`ray.get_runtime_context().current_actor` on the worker), `ray.remote` tasks with
+`NodeAffinitySchedulingStrategy`, py-spy's `dump --pid` command line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.fleet.actions import DAMAGE_KINDS, ActionPlanner, CheckpointBook, fall_back
+
+logger = get_logger("ray_ormas.fleet")
+STACK_TIMEOUT_S = 30.0  # py-spy's dump of one rank
+STACK_CHARS = 20_000  # at most this much of one rank's stacks is kept
+
+
+@dataclass(frozen=True)
+class RankHandle:
+    """Where one rank of an attempt runs: its Ray Train worker actor, node and process."""
+
+    rank: int
+    actor: Any
+    node_id: str
+    node: str
+    pid: int
+
+
+class FleetActions:
+    """One fit's actions (see the module docstring). Called under the fleet head's lock;
+    `write(name, lines)` appends to the fleet record and says each action line once."""
+
+    def __init__(self, settings: FleetSettings, write: Callable[[str, list[dict[str, Any]]], None]) -> None:
+        self._planner = ActionPlanner(settings)
+        self.book = CheckpointBook()
+        self._write = write
+        self._ranks: dict[int, dict[int, RankHandle]] = {}  # attempt -> rank -> where it runs
+        self._orders: dict[int, dict[str, Any]] = {}  # attempt -> the order its ranks read
+        self._waiting: list[dict[str, Any]] = []  # restarts waiting for the next attempt
+        self._stop: str | None = None
+        self._stop_delivered = False
+        self._resumed: str | None = None  # the checkpoint the last restart was told to resume from
+        self._diagnoses: list[threading.Thread] = []
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ what the head tells it
+    def rank_joined(self, attempt: int, handle: RankHandle) -> None:
+        with self._lock:
+            self._ranks.setdefault(attempt, {})[handle.rank] = handle
+
+    def order_for(self, attempt: int) -> dict[str, Any] | None:
+        """What the ranks of `attempt` must do at their next check (None: go on)."""
+        return self._orders.get(attempt)
+
+    def stop_message(self) -> str | None:
+        """The `FleetStopError` message once a `stop` action was ordered (asked by the controller
+        after an attempt failed: the stop is then under way)."""
+        if self._stop is not None:
+            self._stop_delivered = True
+        return self._stop
+
+    def resume_from(self) -> Any:
+        """The checkpoint a restart resumes from when it is not Ray's latest (else None)."""
+        with self._lock:
+            chosen = self.book.resume_override()
+            self._resumed = _path(chosen) if chosen is not None else None
+            return chosen
+
+    def attempt_started(self, attempt: int) -> None:
+        """A new attempt's rank 0 is training: the restarts that led to it are done."""
+        with self._lock:
+            done = [w for w in self._waiting if w["action"] == "reattempt" and (w.get("attempt") or 0) < attempt]
+            self._waiting = [w for w in self._waiting if w not in done]
+            resumed, self._resumed = self._resumed, None
+        now = time.time()
+        lines = []
+        for line in done:
+            outcome = {"event": "outcome", "id": line["id"], "outcome": "done", "seconds": round(now - line["time"], 1)}
+            if resumed is not None:  # the fleet's choice, not Ray's latest (worker/resume.py)
+                outcome["checkpoint"] = resumed
+            lines.append(outcome)
+        self._write("actions", lines)
+
+    def finished(self) -> None:
+        """The fit ended: orders no rank read are said as such."""
+        with self._lock:
+            left, self._waiting = self._waiting, []
+        self._write("actions", [_final_outcome(line, self._stop_delivered) for line in left])
+
+    # ------------------------------------------------------------------ an alarm
+    def on_alarm(self, alarm: dict[str, Any]) -> None:
+        line = self._planner.decide(alarm)
+        if line is None:
+            return
+        if line["action"] == "reattempt":
+            line = self._choose_checkpoint(line)
+        self._write("actions", [line])
+        if not line["diagnose"]:
+            self._carry_out(line, alarm)
+            return
+        thread = threading.Thread(
+            target=self._diagnose_then, args=(line, alarm), name="ray-ormas-diagnose", daemon=True
+        )
+        self._diagnoses.append(thread)
+        thread.start()
+
+    def wait_for_diagnoses(self) -> None:
+        """The fit ends: let the stacks being captured reach the record (at most STACK_TIMEOUT_S
+        more). Called without the fleet head's lock, which a diagnose needs to write."""
+        deadline = time.monotonic() + STACK_TIMEOUT_S + 5
+        for thread in self._diagnoses:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _choose_checkpoint(self, line: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if line["alarm"] in DAMAGE_KINDS:
+                self.book.damaged(line.get("attempt") or 0)
+                good = self.book.last_good()
+                if good is None:
+                    where = self.book.clean_through
+                    self._planner.released(line.get("attempt"))
+                    return fall_back(
+                        line,
+                        "no checkpoint was taken before the damage (the last check at which the replicas "
+                        f"agreed and every loss was finite: run step {where}); a restart would replay it",
+                    )
+                step, checkpoint = good
+                why = (
+                    f"the last checkpoint taken no later than run step {self.book.clean_through}, the last "
+                    "check at which every rank's digest agreed and every loss was finite"
+                )
+                return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": why}
+            latest = self.book.latest()
+        if latest is None:
+            return {**line, "checkpoint": None, "why": "no checkpoint yet: the group restarts from the start"}
+        step, checkpoint = latest
+        return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": "Ray's latest checkpoint"}
+
+    def _carry_out(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
+        action, attempt = line["action"], line.get("attempt") or 0
+        if action not in ("reattempt", "stop"):
+            return
+        where = f"rank{'s' if len(line['ranks']) != 1 else ''} {', '.join(map(str, line['ranks'])) or '?'}"
+        if line.get("node"):
+            where += f" on node {line['node']}"
+        said = f"the fleet's {line['alarm']} alarm ({where}, run step {line.get('run_step')}): {alarm.get('message')}"
+        if action == "stop":
+            message = f"stopped by {said}"
+            self._stop = message
+        else:
+            resume = f"checkpoint at run step {line['checkpoint_run_step']}" if line.get("checkpoint") else "the start"
+            message = f"restarting the worker group from {resume} after {said}"
+        with self._lock:
+            self._waiting.append(line)
+            self._orders[attempt] = {"action": action, "message": message, "id": line["id"]}
+        if alarm["kind"] == "hang":  # the stuck ranks cannot read an order: their workers are ended
+            self._end_stuck_ranks(line, attempt)
+
+    def _end_stuck_ranks(self, line: dict[str, Any], attempt: int) -> None:
+        with self._lock:
+            known = self._ranks.get(attempt, {})
+            targets = [known[r] for r in line["ranks"] if r in known] or list(known.values())
+        if not targets:
+            self._outcome(line, "failed", "the stuck ranks' workers are not known to the head")
+            return
+        for handle in targets:
+            try:
+                ray.kill(handle.actor, no_restart=True)
+            except Exception as e:  # the order stays: a rank that reaches its check raises it
+                self._outcome(line, "failed", f"could not end rank {handle.rank}'s worker: {type(e).__name__}: {e}")
+
+    def _outcome(self, line: dict[str, Any], outcome: str, reason: str) -> None:
+        logger.warning("fleet action %s after %s: %s (%s)", line["action"], line["alarm"], outcome, reason)
+        self._write("actions", [{"event": "outcome", "id": line["id"], "outcome": outcome, "reason": reason}])
+
+    # ------------------------------------------------------------------ diagnose
+    def _diagnose_then(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
+        try:
+            with self._lock:
+                known = self._ranks.get(line.get("attempt") or 0, {})
+                targets = [known[r] for r in line["ranks"] if r in known]
+            stacks = [{"id": line["id"], "rank": h.rank, "node": h.node, "stack": _stacks_of(h)} for h in targets]
+            self._write("stacks", stacks)
+            said = (
+                f"stacks of ranks {', '.join(str(h.rank) for h in targets)}"
+                if targets
+                else "no stacks: the named ranks' workers are not known to the head"
+            )
+            if not targets:
+                logger.warning("fleet action %d: %s", line["id"], said)
+            self._write("actions", [{"event": "outcome", "id": line["id"], "diagnosed": said}])
+            self._carry_out(line, alarm)
+        except Exception as e:  # never the fit's end
+            self._outcome(line, "failed", f"{type(e).__name__}: {e}")
+
+
+def _stacks_of(handle: RankHandle) -> str:
+    """py-spy's dump of one rank's process, run on its node; the reason when it cannot."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        task = _dump.options(scheduling_strategy=NodeAffinitySchedulingStrategy(handle.node_id, soft=False))
+        return str(ray.get(task.remote(handle.pid), timeout=STACK_TIMEOUT_S + 15))[:STACK_CHARS]
+    except Exception as e:
+        return f"could not capture the stacks of rank {handle.rank}: {type(e).__name__}: {e}"
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _dump(pid: int) -> str:
+    """py-spy's `dump` of process `pid` (on this node); its error text when it fails."""
+    beside = Path(sys.executable).parent / "py-spy"
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if spy is None:
+        return "py-spy is not installed on this node (pip install py-spy)"
+    done = subprocess.run(
+        [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=STACK_TIMEOUT_S, check=False
+    )
+    if done.returncode != 0:
+        return f"py-spy could not read process {pid}: {(done.stderr or done.stdout).strip()[-2000:]}"
+    return done.stdout
+
+
+def _final_outcome(line: dict[str, Any], stopped: bool) -> dict[str, Any]:
+    if line["action"] == "stop" and stopped:
+        return {"event": "outcome", "id": line["id"], "outcome": "done", "reason": "the fit ended with FleetStopError"}
+    reason = "the fit ended before the ranks read the order"
+    return {"event": "outcome", "id": line["id"], "outcome": "not carried out", "reason": reason}
+
+
+def _path(checkpoint: Any) -> str | None:
+    return getattr(checkpoint, "path", None) if checkpoint is not None else None

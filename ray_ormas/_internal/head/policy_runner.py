@@ -1,0 +1,63 @@
+"""The user's fleet policy, called on the head node at every complete check (inside the run ledger).
+
+    FleetHead.facts (a check complete) -> PolicyRunner.consult -> a `policy` alarm when the policy
+                                          asks for something (its chain rides on the alarm: the
+                                          fleet head's actions carry it out, head/fleet_actions.py)
+
+The runner builds the `FleetView` (common/fleet_policy.py) with every rank's row of the check,
+the fit's alarms so far and the policy's own `memory`, kept for the whole fit. A policy that
+raises, or returns something other than a `FleetAction` or None, is named once as a `policy`
+alarm and not called again in the fit: the user's rule never takes the ledger down.
+
+Hooks relied on: none (the user's function, called in this process).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ray_ormas._internal.common.fleet_policy import FleetAction, FleetView, policy_name
+from ray_ormas.errors import OptionTypeError
+
+
+class PolicyRunner:
+    """One fit's policy (see the module docstring)."""
+
+    def __init__(self, policy: Callable[..., Any]) -> None:
+        self._policy: Callable[..., Any] | None = policy
+        self._name = policy_name(policy)
+        self._memory: dict[str, Any] = {}
+
+    def consult(
+        self, where: dict[str, Any], lines: list[dict[str, Any]], alarms: tuple[dict[str, Any], ...], now: float
+    ) -> list[dict[str, Any]]:
+        """The policy at one complete check (`where`: attempt, check, step, run_step; `lines`:
+        every rank's row): its alarm, when it asks for more than nothing."""
+        if self._policy is None:
+            return []
+        where = {k: where[k] for k in ("attempt", "check", "step", "run_step")}
+        view = FleetView(**where, ranks=tuple(lines), alarms=alarms, memory=self._memory)
+        try:
+            asked = self._policy(view)
+            if asked is None:
+                return []
+            if not isinstance(asked, FleetAction):
+                raise OptionTypeError(f"returned {type(asked).__name__}; return a ray_ormas.FleetAction or None")
+            chain = asked.chain()
+            ranks = [int(r) for r in asked.ranks]
+        except Exception as e:  # the user's rule must not take the ledger down
+            self._policy = None
+            message = f"the policy {self._name} raised {type(e).__name__}: {e}; it is not called again in this fit"
+            return [{**where, "kind": "policy", "ranks": [], "node": None, "message": message, "time": now}]
+        nodes = {r["rank"]: r.get("node") for r in lines}
+        return [
+            {
+                **where,
+                "kind": "policy",
+                "ranks": ranks,
+                "node": nodes.get(ranks[0]) if ranks else None,
+                "chain": list(chain),
+                "message": f"{self._name} asks to {' then '.join(chain)} on ranks {ranks}: {asked.reason}",
+                "time": now,
+            }
+        ]

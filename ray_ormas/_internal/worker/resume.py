@@ -1,0 +1,54 @@
+"""Where a restarted attempt resumes from, and the errors a rank raises for the head's orders.
+
+When an alarm's action restarts the group after the replicas diverged or a loss stopped being
+finite (head/fleet_actions.py), the checkpoint to resume from is the last one taken while every
+check was clean, which need not be Ray's latest. `start_checkpoint()` is the one place that
+answers "which checkpoint does this attempt start from": the ledger's choice when it has one,
+else `ray.train.get_checkpoint()`. `ray_ormas.load_checkpoint()` and the record's link between
+segments (worker/session.py) both read it, so the restored state and the run step agree.
+
+The session sets the ledger to ask with `use_ledger` at the start of each attempt (only when an
+alarm can act); the answer is read once per attempt, with one actor call.
+
+Hooks relied on: `ray.train.get_checkpoint`, the run ledger's `resume_from` (head/ledger.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import ray.train
+
+from ray_ormas.errors import FleetReattemptError, FleetStopError
+
+ASK_TIMEOUT_S = 60.0
+_UNSET = object()
+_ledger: Any = None
+_answer: Any = _UNSET
+
+
+def use_ledger(ledger: Any) -> None:
+    """This attempt asks `ledger` (None: Ray's latest checkpoint, always)."""
+    global _ledger, _answer
+    _ledger, _answer = ledger, _UNSET
+
+
+def start_checkpoint() -> ray.train.Checkpoint | None:
+    """The checkpoint this attempt starts from: the fleet's choice, else Ray's latest (None on a
+    fresh start)."""
+    global _answer
+    if _ledger is not None and _answer is _UNSET:
+        try:
+            _answer = ray.get(_ledger.resume_from.remote(), timeout=ASK_TIMEOUT_S)
+        except Exception:  # no answer: Ray's latest, as without actions
+            _answer = None
+    chosen = None if _answer is _UNSET else _answer
+    return chosen if chosen is not None else ray.train.get_checkpoint()
+
+
+def order_error(order: dict[str, Any]) -> Exception:
+    """The error a rank raises for the head's order (its message says why)."""
+    if order.get("action") == "stop":
+        return FleetStopError(order.get("message", "stopped by a fleet alarm"))
+    return FleetReattemptError(order.get("message", "restarting the worker group after a fleet alarm"))

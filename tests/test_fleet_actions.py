@@ -1,0 +1,404 @@
+"""When the fleet acts: alarms that restart the worker group, capture stacks or stop the fit.
+
+One fit on the session's Ray cluster (gloo, CPU) carries four faults, one per attempt, each
+injected by the test's loop (tests/loops.py), never by a switch in the package; each fires once
+per fit, whichever attempt reaches its step first (`once_dir`):
+
+    attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
+                -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
+                   after the replicas stopped agreeing)
+    attempt 1   rank 1 blocks forever before step 32's backward: `hang` after hang_after_s
+                -> diagnose (py-spy: the stuck rank's stack), then reattempt (its worker is ended)
+    attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
+                (no action: Ray's own failure policy restarts the group)
+    attempt 3   rank 1's loss is NaN at step 35: `nonfinite` -> stop: `FleetStopError`, which
+                Ray does not retry (max_failures would allow two more restarts)
+
+The tests below read that one fit; the rules themselves (the bound, the choice of checkpoint,
+the settings' checks) are also checked without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from ormas_monitor.record import verify_run
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+import ray_ormas
+from ray_ormas import FleetSettings, RayOrmasTrainer
+from ray_ormas._internal.common.options import build
+from ray_ormas._internal.fleet.actions import ActionPlanner, CheckpointBook
+from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED
+
+from .loops import digits_loop
+
+HANG_AFTER_S = 4.0
+ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "reattempt"], "nonfinite": "stop"}
+
+
+@dataclass
+class ActedFit:
+    storage: Path
+    error: BaseException
+    seconds: float
+
+    @property
+    def run_dir(self) -> Path:
+        return self.storage / "acts"
+
+    def actions(self) -> list[dict]:
+        return [
+            json.loads(line) for line in ray_ormas.open_records(self.run_dir).fleet_actions().column("line").to_pylist()
+        ]
+
+    def alarms(self) -> list[dict]:
+        return ray_ormas.open_records(self.run_dir).fleet_alarms().to_pylist()
+
+
+@pytest.fixture(scope="module")
+def acted(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> ActedFit:
+    storage = tmp_path_factory.mktemp("acts")
+    once = tmp_path_factory.mktemp("acts-once")
+    trainer = RayOrmasTrainer(
+        digits_loop,
+        check_every=5,
+        verbose=False,
+        train_loop_config={
+            "steps": 60,
+            "tiny": True,
+            "resume": True,
+            "ormas_checkpoint": True,
+            "report_at": [10, 20, 30, 40, 50],
+            "once_dir": str(once),
+            "nudge_rank": 1,
+            "nudge_at": 22,
+            "block_rank": 1,
+            "block_at": 32,
+            "hang_rank": 1,
+            "hang_at": 34,
+            "nan_rank": 1,
+            "nan_at": 35,
+        },
+        fleet=FleetSettings(actions=ACTIONS, hang_after_s=HANG_AFTER_S),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="acts", storage_path=str(storage), failure_config=FailureConfig(max_failures=5)),
+    )
+    started = time.monotonic()
+    with pytest.raises(ray_ormas.FleetStopError) as stopped:
+        trainer.fit()
+    return ActedFit(storage, stopped.value, time.monotonic() - started)
+
+
+@pytest.mark.timeout(400)
+def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_rank_node_and_step(acted):
+    message = str(acted.error)
+    [nonfinite] = [a for a in acted.alarms() if a["kind"] == "nonfinite"]
+    assert "nonfinite alarm" in message and "rank 1 on node" in message and "run step 35" in message, message
+    assert nonfinite["node"] in message and nonfinite["ranks"] == [1] and nonfinite["run_step"] == 35
+    assert isinstance(acted.error, ray_ormas.RayOrmasError)
+    # Ray did not retry it: four attempts, though max_failures=5 would have allowed more.
+    attempts = ray_ormas.open_records(acted.run_dir).fleet_attempts().to_pylist()
+    assert [a["attempt"] for a in attempts] == [0, 1, 2, 3]
+    stop = next(a for a in acted.actions() if a["alarm"] == "nonfinite")
+    assert (stop["action"], stop["outcome"], stop["ranks"]) == ("stop", "done", [1])
+    # Every rank raised at the same check, so rank 0 closed the last segment: it verifies.
+    records = ray_ormas.open_records(acted.run_dir)
+    last = records.segments("model")[-1]
+    assert last.attempt == 3
+    assert verify_run(acted.run_dir / "ormas" / "model" / Path(last.path).name).ok
+
+
+@pytest.mark.timeout(400)
+def test_divergence_restarts_from_the_last_checkpoint_the_replicas_agreed_on(acted):
+    [divergence] = [a for a in acted.alarms() if a["kind"] == "divergence"]
+    assert (divergence["attempt"], divergence["run_step"], divergence["ranks"]) == (0, 25, [1])
+    action = next(a for a in acted.actions() if a["alarm"] == "divergence")
+    assert action["action"] == "reattempt" and action["outcome"] == "done"
+    # The checkpoint at run step 30 was taken after the damage: the restart resumed from 20.
+    assert action["checkpoint_run_step"] == 20 and "run step 20" in action["why"], action
+    import torch
+
+    resumed = torch.load(Path(action["checkpoint"]) / "state.pt", weights_only=True)
+    assert resumed["step"] == 20 and 0 < action["seconds"] < 120  # the checkpoint the group resumed from
+    records = ray_ormas.open_records(acted.run_dir)
+    segments = {s.attempt: s for s in records.segments("model")}
+    assert segments[1].step_offset == 20  # the record continues from the checkpoint it resumed from
+    # After the restart, the replicas agree again at every check (one digest per check).
+    checks = records.fleet_checks().to_pylist()
+    later = {}
+    for c in checks:
+        if c["attempt"] >= 1 and c["loss"] is not None and c["loss"] == c["loss"]:
+            later.setdefault((c["attempt"], c["check"]), set()).add(c["digest"])
+    assert later and all(len(d) == 1 for d in later.values()), later
+
+
+@pytest.mark.timeout(400)
+def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restarted(acted):
+    [hang] = [a for a in acted.alarms() if a["kind"] == "hang"]
+    assert hang["attempt"] == 1 and "no rank has reached a new check" in hang["message"]
+    action = next(a for a in acted.actions() if a["alarm"] == "hang")
+    assert action["diagnose"] is True and action["action"] == "reattempt" and action["outcome"] == "done"
+    stacks = action["stacks"]
+    assert "block_forever_before_backward" in stacks["1"], stacks  # the test loop's blocking function
+    assert action["seconds"] < 120
+
+
+@pytest.mark.timeout(400)
+def test_a_hang_error_lands_in_the_fleet_record(acted):
+    # Ray's NCCL hang detector needs NCCL (GPUs); on CPU the loop raises the same error class.
+    nccl = [a for a in acted.alarms() if a["kind"] == "nccl_hang"]
+    assert [(a["attempt"], a["ranks"]) for a in nccl] == [(2, [1])]
+    assert "NCCLHangError" in nccl[0]["message"]
+    assert not [a for a in acted.actions() if a["alarm"] == "nccl_hang"]  # Ray's own restart, no action
+
+
+@pytest.mark.timeout(400)
+def test_actions_are_in_mlflow_and_rays_metrics(acted):
+    client = MlflowClient(tracking_uri=f"sqlite:///{acted.run_dir / 'mlflow' / 'mlflow.db'}")
+    [run] = client.search_runs(client.search_experiments()[0].experiment_id)
+    for kind, step in (("divergence", 25), ("nonfinite", 35)):
+        [logged] = client.get_metric_history(run.info.run_id, f"fleet/actions/{kind}")
+        assert (logged.value, logged.step) == (1.0, step)
+    assert client.get_metric_history(run.info.run_id, "fleet/actions/hang")
+    [fit_id] = ray_ormas.open_records(acted.run_dir).fleets()  # the stacks, with the fleet record, as artifacts
+    uploaded = [a.path for a in client.list_artifacts(run.info.run_id, f"ormas/fleet/{fit_id}")]
+    assert f"ormas/fleet/{fit_id}/stacks.jsonl" in uploaded and f"ormas/fleet/{fit_id}/actions.jsonl" in uploaded
+    import ray
+
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    text, deadline = "", time.monotonic() + 60
+    while ACTIONS_EXPORTED not in text and time.monotonic() < deadline:
+        time.sleep(2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert ACTIONS_EXPORTED in text and 'action="reattempt"' in text and 'kind="divergence"' in text
+
+
+# ------------------------------------------------------------------ on the shared busy fit (tests/shared_fits.py)
+@pytest.mark.timeout(300)
+def test_a_policy_of_your_own_sees_every_check_and_its_action_is_carried_out(busy_fit):
+    # tests/loops.py's diagnose_rank_1_at_check_3: counts the views it is shown, in its own memory.
+    [asked] = [a for a in busy_fit.result.ormas.fleet.alarms if a["kind"] == "policy"]
+    assert (asked["attempt"], asked["check"], asked["ranks"], asked["chain"]) == (0, 3, [1], ["diagnose"])
+    assert "tests.loops:diagnose_rank_1_at_check_3 asks to diagnose on ranks [1]: shown 4 checks" in asked["message"]
+    action = next(a for a in busy_fit.result.ormas.fleet.actions if a["alarm"] == "policy")
+    assert (action["action"], action["diagnose"], action["run_step"]) == ("log", True, 15)
+    assert "digits_loop" in action["stacks"]["1"], action["stacks"]  # rank 1, in the test's loop
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_diagnosed_shows_where_the_stuck_rank_is(busy_fit):
+    # The busy fit's rank 1 sleeps between step 100's backward and its check: `hang` -> diagnose.
+    action = next(a for a in busy_fit.result.ormas.fleet.actions if a["alarm"] == "hang")
+    assert action["ranks"] == [1] and action["diagnose"] is True and action["action"] == "log"
+    assert "stall_between_backward_and_check" in action["stacks"]["1"], action["stacks"]
+    assert busy_fit.result.ormas.fleet.checks == 40  # only stacks were taken: the training went on
+
+
+# ------------------------------------------------------------------ the rules, without Ray
+def alarm(kind: str, attempt: int = 0, run_step: int = 10) -> dict:
+    return {"kind": kind, "attempt": attempt, "run_step": run_step, "ranks": [1], "node": "10.0.0.2"}
+
+
+def test_at_most_max_actions_then_an_alarm_only_logs_and_says_why():
+    planner = ActionPlanner(FleetSettings(actions={"straggler": "reattempt"}, max_actions=2))
+    lines = [planner.decide(alarm("straggler", attempt=a)) for a in range(4)]
+    assert [x["action"] for x in lines] == ["reattempt", "reattempt", "log", "log"]
+    assert lines[2]["outcome"] == "bounded" and "max_actions (2)" in lines[2]["reason"]
+    assert planner.decide(alarm("divergence")) is None  # no action asked: it logs as it always did
+
+
+def test_one_action_per_attempt_and_a_diagnose_chain():
+    planner = ActionPlanner(FleetSettings(actions={"hang": ["diagnose", "stop"], "straggler": "reattempt"}))
+    first = planner.decide(alarm("hang"))
+    assert (first["action"], first["diagnose"]) == ("stop", True)
+    second = planner.decide(alarm("straggler"))
+    assert second["action"] == "log" and "already being acted on" in second["reason"]
+    assert planner.decide(alarm("straggler", attempt=1))["action"] == "reattempt"
+
+
+def test_a_restart_after_damage_skips_the_checkpoints_taken_after_the_last_clean_check():
+    book = CheckpointBook()
+    book.checked(0, 10, clean=True)
+    book.taken(10, 0, "ckpt-10")
+    book.announced(0, 20)  # the ranks met to report it; Ray registers it later
+    book.checked(0, 20, clean=True)
+    book.taken(22, 0, "ckpt-22")  # between the last clean check and the damaged one
+    book.checked(0, 25, clean=False)
+    book.damaged(0)
+    assert book.last_good() == (20, None)  # chosen before Ray registered it
+    book.taken(20, 0, "ckpt-20")
+    book.taken(30, 0, "ckpt-30")  # while the replicas disagree
+    assert book.last_good() == (20, "ckpt-20") and book.resume_override() == "ckpt-20"
+    assert [b.suspect for b in book._books] == [False, False, True, True]
+    book.checked(1, 20, clean=True)  # the restarted attempt
+    book.taken(30, 1, "ckpt-30b")
+    assert book.resume_override() is None  # Ray's latest is clean again
+    assert CheckpointBook().resume_override() is None
+
+
+@pytest.mark.parametrize(
+    "actions, words",
+    [
+        ({"stragler": "log"}, "'stragler' is not an alarm kind that can act; the kinds are straggler"),
+        ({"hang": "restart"}, "hang: unknown action 'restart'; the actions are log, reattempt, stop, diagnose"),
+        ({"hang": "evict"}, "hang: 'evict' is not available in this release"),
+        (
+            {"hang": ["stop", "diagnose"]},
+            "hang: ['stop', 'diagnose'] is not a chain of actions: give one action, or 'diagnose' and then",
+        ),
+        ({"hang": []}, "hang: give an action or a list of them"),
+        (["hang"], "must map alarm kinds to actions"),
+    ],
+)
+def test_bad_actions_are_refused_naming_the_option(actions, words):
+    pattern = "actions\n  Value error, " + words.replace("[", r"\[").replace("(", r"\(")
+    with pytest.raises(ValueError, match=pattern):
+        FleetSettings(actions=actions)
+    with pytest.raises(ray_ormas.OptionError, match="^FleetSettings.actions: "):  # as a YAML config's error says it
+        build(FleetSettings, actions=actions)
+
+
+def test_actions_are_checked_against_the_rest_of_the_trainer_on_the_driver():
+    two = ScalingConfig(num_workers=2)
+    restarts = RunConfig(failure_config=FailureConfig(max_failures=1))
+    with pytest.raises(ray_ormas.OptionError, match=r"a restart is a failure to Ray: give RunConfig\(failure_config"):
+        RayOrmasTrainer(digits_loop, fleet=FleetSettings(actions={"divergence": "reattempt"}), scaling_config=two)
+    with pytest.raises(ray_ormas.OptionError, match="enabled=False turns fleet health off"):
+        RayOrmasTrainer(
+            digits_loop, fleet=FleetSettings(enabled=False, actions={"nonfinite": "stop"}), scaling_config=two
+        )
+    with pytest.raises(ray_ormas.OptionError, match="with one worker there are none"):
+        RayOrmasTrainer(
+            digits_loop, fleet=FleetSettings(actions={"nonfinite": "stop"}), scaling_config=ScalingConfig(num_workers=1)
+        )
+    trainer = RayOrmasTrainer(
+        digits_loop, fleet=FleetSettings(actions={"divergence": "reattempt"}), scaling_config=two, run_config=restarts
+    )
+    assert trainer.fleet.action_for("divergence") == ("reattempt",) and trainer.fleet.action_for("hang") == ("log",)
+
+
+@pytest.mark.timeout(400)
+def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys):
+    from ray_ormas._internal.cli.main import main
+
+    assert main(["report", str(acted.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "action: reattempt after the divergence alarm on ranks 1 at run step 25: done" in out, out
+    assert "from the checkpoint at run step 20" in out
+    assert "action: diagnose, then reattempt after the hang alarm" in out and "stacks of ranks" in out
+    assert "action: stop after the nonfinite alarm on ranks 1 at run step 35: done" in out
+    page = (acted.run_dir / "ormas" / "run.html").read_text()
+    assert page.count("<li class='action'") == 3 and "data-action='stop'" in page
+
+
+def test_a_policy_that_raises_or_answers_wrong_is_named_once_and_not_called_again(tmp_path):
+    from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
+    from ray_ormas._internal.record.store import RecordStore
+
+    from .test_fleet import facts
+
+    calls = []
+
+    def broken(view):
+        calls.append(view.check)
+        raise KeyError("rank")
+
+    def wrong(view):
+        return "reattempt"  # not a FleetAction
+
+    for policy, words in ((broken, "raised KeyError: 'rank'"), (wrong, "raised OptionTypeError: returned str")):
+        store = RecordStore.at(str(tmp_path / policy.__name__))
+        head = FleetHead(FleetSpec(FleetSettings(ray_metrics=False, policy=policy), store, "fit", "run", 2, "ddp"))
+        for check in range(3):
+            for rank in (0, 1):
+                head.facts(0, facts(rank, check))
+        [alarm] = head.finish().alarms
+        assert alarm["kind"] == "policy" and words in alarm["message"] and "not called again" in alarm["message"]
+    assert calls == [0]  # the broken policy was called once
+
+
+def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_path):
+    from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
+    from ray_ormas._internal.record.store import RecordStore
+
+    from .test_fleet import facts
+
+    seen = []
+
+    def rule(view: ray_ormas.FleetView):
+        view.memory["n"] = view.memory.get("n", 0) + 1
+        seen.append((view.check, [r["rank"] for r in view.ranks], [a["kind"] for a in view.alarms], view.memory["n"]))
+        if view.check == 2:
+            return ray_ormas.FleetAction(["diagnose", "stop"], ranks=[1], reason="slow on purpose")
+        return None
+
+    store = RecordStore.at(str(tmp_path / "ormas"))
+    head = FleetHead(FleetSpec(FleetSettings(ray_metrics=False, policy=rule), store, "fit", "run", 2, "ddp"))
+    for check in range(3):
+        for rank in (0, 1):
+            head.facts(0, facts(rank, check, digest="x" if (rank, check) == (1, 1) else "d"))
+    assert seen == [
+        (0, [0, 1], [], 1),
+        (1, [0, 1], ["divergence"], 2),
+        (2, [0, 1], ["divergence", "divergence_resolved"], 3),
+    ]
+    summary = head.finish()  # waits for the diagnose, which finds no worker to read (no Ray here)
+    [asked] = [a for a in summary.alarms if a["kind"] == "policy"]
+    assert asked["chain"] == ["diagnose", "stop"] and asked["node"] == "10.0.0.1"
+    assert "asks to diagnose then stop on ranks [1]: slow on purpose" in asked["message"]
+    [action] = summary.actions
+    assert (action["alarm"], action["diagnose"], action["action"]) == ("policy", True, "stop")
+    assert "no stacks: the named ranks' workers are not known" in action["diagnosed"]
+    assert action["outcome"] == "not carried out"  # no rank was there to read the order
+    assert head.order_for(0)["action"] == "stop" and "slow on purpose" in head.stop_message()
+
+
+def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_restarts_at_10():
+    import ast
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "fleet-health.md").read_text()
+    [code] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def slow_ten_checks_on_one_node" in b]
+    tree = ast.parse(code)
+    scope: dict = {}
+    exec(
+        compile(ast.Module([n for n in tree.body if not isinstance(n, ast.Assign)], []), "fleet-health.md", "exec"),
+        scope,
+    )
+    rule, memory, asked = scope["slow_ten_checks_on_one_node"], {}, {}
+    for check in range(12):
+        rows = tuple({"rank": r, "node": f"10.0.0.{r}", "slow": r == 1 and check >= 1} for r in range(4))
+        got = rule(ray_ormas.FleetView(0, check, check * 5, check * 5, rows, (), memory))
+        if got is not None:
+            asked[check] = (got.chain(), list(got.ranks), got.reason)
+    assert asked == {
+        3: (("log",), [1], "slow for 3 checks on 10.0.0.1"),
+        10: (("diagnose", "reattempt"), [1], "slow for 10 checks on 10.0.0.1"),
+    }
+
+
+def test_a_restart_after_damage_with_no_checkpoint_before_it_only_logs_and_says_why():
+    from ray_ormas._internal.head.fleet_actions import FleetActions
+
+    written: list[tuple[str, dict]] = []
+    acts = FleetActions(
+        FleetSettings(actions={"divergence": "reattempt", "straggler": "reattempt"}),
+        lambda name, lines: written.extend((name, x) for x in lines),
+    )
+    acts.book.checked(0, 10, clean=True)
+    acts.book.taken(20, 0, "ckpt-20")  # taken after the last clean check: the damage may be in it
+    acts.on_alarm({**alarm("divergence"), "run_step": 25})
+    [(_, line)] = written
+    assert (line["action"], line["outcome"]) == ("log", "failed") and acts.order_for(0) is None
+    assert "no checkpoint was taken before the damage" in line["reason"] and "run step 10" in line["reason"]
+    assert acts._planner.taken == 0  # it does not count against max_actions
+    acts.on_alarm(alarm("straggler"))  # the attempt was not acted on: a later alarm of it may act
+    assert acts.order_for(0)["action"] == "reattempt"
+    assert (written[-1][1]["checkpoint_run_step"], written[-1][1]["why"]) == (20, "Ray's latest checkpoint")
