@@ -188,7 +188,8 @@ def test_a_policy_of_your_own_sees_every_check_and_its_action_is_carried_out(bus
     assert (asked["attempt"], asked["check"], asked["ranks"], asked["chain"]) == (0, 3, [1], ["diagnose"])
     assert "tests.loops:diagnose_rank_1_at_check_3 asks to diagnose on ranks [1]: shown 4 checks" in asked["message"]
     action = next(a for a in busy_fit.result.ormas.fleet.actions if a["alarm"] == "policy")
-    assert (action["action"], action["diagnose"], action["run_step"]) == ("log", True, 15)
+    assert (action["action"], action["diagnose"], action["run_step"], action["outcome"]) == ("log", True, 15, "done")
+    assert action["diagnosed"] == "stacks of ranks 1"
     assert "digits_loop" in action["stacks"]["1"], action["stacks"]  # rank 1, in the test's loop
 
 

@@ -219,7 +219,8 @@ class FleetActions:
             )
             if not targets:
                 logger.warning("fleet action %d: %s", line["id"], said)
-            self._write("actions", [{"event": "outcome", "id": line["id"], "diagnosed": said}])
+            done = {"outcome": "done"} if line["action"] == "log" else {}  # a diagnose alone is done here
+            self._write("actions", [{"event": "outcome", "id": line["id"], "diagnosed": said, **done}])
             self._carry_out(line, alarm)
         except Exception as e:  # never the fit's end
             self._outcome(line, "failed", f"{type(e).__name__}: {e}")
