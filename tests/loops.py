@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import ray.train
@@ -44,10 +46,12 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     that check and wait for it in the next all-reduce), block_rank / block_at (that rank blocks
     forever before that step's backward, in `block_forever_before_backward`).
 
-    Fleet actions: resume (start from `ray_ormas.load_checkpoint`, at its step), ormas_checkpoint
-    (the reports of report_at carry `ray_ormas.save_checkpoint`), once_dir (each of the faults
-    nudge, hang, block and nan fires once per fit, whatever attempt reaches its step first: a
-    marker file in that folder says it fired).
+    Fleet actions: slow_node (the rank on that node, a hex node id, is the slow_rank: a slow
+    node rather than a slow rank), node_log (each rank writes its node's id to a file named
+    after the time it started, in that folder), resume (start from `ray_ormas.load_checkpoint`,
+    at its step), ormas_checkpoint (the reports of report_at carry `ray_ormas.save_checkpoint`),
+    once_dir (each of the faults nudge, hang, block and nan fires once per fit, whatever attempt
+    reaches its step first: a marker file in that folder says it fired).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -68,6 +72,12 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     spinners = _spinners(config.get("spinners", 0) if rank == 0 else 0)
     state = ray_ormas.load_checkpoint(model, opt) if config.get("resume") else None
     once = _Once(config.get("once_dir"))
+    node = ray.get_runtime_context().get_node_id()
+    if config.get("node_log"):  # where this rank of this attempt runs: one file per worker start
+        started = f"{time.time():.6f}-rank{rank}"
+        Path(config["node_log"], started).write_text(node)
+    if node == config.get("slow_node"):
+        config = {**config, "slow_rank": rank}
     for step in range(state.step if state is not None else 0, steps):
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
@@ -76,8 +86,6 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
 
             os.killpg(config["server_pgid"], signal.SIGKILL)
         if config.get("sleep_per_step"):
-            import time
-
             time.sleep(config["sleep_per_step"])
         marker = config.get("fail_once_marker")
         if marker and step == 5 and rank == 0 and not os.path.exists(marker):
@@ -88,8 +96,6 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
 
             raise NCCLHangError(f"rank {rank} stuck in all_reduce (injected)", {})
         if rank == config.get("slow_rank") and step >= config.get("slow_from", 0):
-            import time
-
             time.sleep(config["slow_s"])  # a slow data loader on this rank only
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
@@ -168,6 +174,14 @@ def diagnose_rank_1_at_check_3(view: ray_ormas.FleetView) -> ray_ormas.FleetActi
     view.memory["seen"] = view.memory.get("seen", 0) + 1
     if view.attempt == 0 and view.check == 3:
         return ray_ormas.FleetAction("diagnose", ranks=[1], reason=f"shown {view.memory['seen']} checks")
+    return None
+
+
+def evict_rank_1_after_the_first_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own, a fault that comes back after every restart: from the
+    second attempt on, at each attempt's check 3, it asks to evict rank 1's node."""
+    if view.attempt >= 1 and view.check == 3:
+        return ray_ormas.FleetAction("evict", ranks=[1], reason=f"attempt {view.attempt} reached check 3")
     return None
 
 

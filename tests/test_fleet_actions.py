@@ -35,7 +35,7 @@ import ray_ormas
 from ray_ormas import FleetSettings, RayOrmasTrainer
 from ray_ormas._internal.common.options import build
 from ray_ormas._internal.fleet.actions import ActionPlanner, CheckpointBook
-from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED
+from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
 
 from .loops import digits_loop
 
@@ -172,12 +172,16 @@ def test_actions_are_in_mlflow_and_rays_metrics(acted):
     assert f"ormas/fleet/{fit_id}/stacks.jsonl" in uploaded and f"ormas/fleet/{fit_id}/actions.jsonl" in uploaded
     import ray
 
+    # Ray's own metrics, as Prometheus scrapes them from the head node's metrics agent: the
+    # fleet's gauges and alarm counter, and the actions' counter.
     port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
-    text, deadline = "", time.monotonic() + 60
-    while ACTIONS_EXPORTED not in text and time.monotonic() < deadline:
+    names, text, deadline = [ACTIONS_EXPORTED, *EXPORTED.values()], "", time.monotonic() + 60
+    while not all(name in text for name in names) and time.monotonic() < deadline:
         time.sleep(2)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert ACTIONS_EXPORTED in text and 'action="reattempt"' in text and 'kind="divergence"' in text
+    for name in names:
+        assert name in text, f"{name} is not among Ray's exported metrics"
+    assert 'action="reattempt"' in text and 'kind="divergence"' in text and 'run="acts"' in text
 
 
 # ------------------------------------------------------------------ on the shared busy fit (tests/shared_fits.py)
@@ -248,8 +252,8 @@ def test_a_restart_after_damage_skips_the_checkpoints_taken_after_the_last_clean
     "actions, words",
     [
         ({"stragler": "log"}, "'stragler' is not an alarm kind that can act; the kinds are straggler"),
-        ({"hang": "restart"}, "hang: unknown action 'restart'; the actions are log, reattempt, stop, diagnose"),
-        ({"hang": "evict"}, "hang: 'evict' is not available in this release"),
+        ({"hang": "restart"}, "hang: unknown action 'restart'; the actions are log, reattempt, evict, stop, diagnose"),
+        ({"hang": ["evict", "stop"]}, "hang: ['evict', 'stop'] is not a chain of actions"),
         (
             {"hang": ["stop", "diagnose"]},
             "hang: ['stop', 'diagnose'] is not a chain of actions: give one action, or 'diagnose' and then",
@@ -269,8 +273,9 @@ def test_bad_actions_are_refused_naming_the_option(actions, words):
 def test_actions_are_checked_against_the_rest_of_the_trainer_on_the_driver():
     two = ScalingConfig(num_workers=2)
     restarts = RunConfig(failure_config=FailureConfig(max_failures=1))
-    with pytest.raises(ray_ormas.OptionError, match=r"a restart is a failure to Ray: give RunConfig\(failure_config"):
-        RayOrmasTrainer(digits_loop, fleet=FleetSettings(actions={"divergence": "reattempt"}), scaling_config=two)
+    for action in ("reattempt", "evict"):
+        with pytest.raises(ray_ormas.OptionError, match=r"a restart is a failure to Ray: give RunConfig\("):
+            RayOrmasTrainer(digits_loop, fleet=FleetSettings(actions={"divergence": action}), scaling_config=two)
     with pytest.raises(ray_ormas.OptionError, match="enabled=False turns fleet health off"):
         RayOrmasTrainer(
             digits_loop, fleet=FleetSettings(enabled=False, actions={"nonfinite": "stop"}), scaling_config=two
@@ -361,7 +366,7 @@ def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_
     assert head.order_for(0)["action"] == "stop" and "slow on purpose" in head.stop_message()
 
 
-def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_restarts_at_10():
+def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_evicts_it_at_10():
     import ast
     import re
 
@@ -381,7 +386,7 @@ def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_restarts_at_1
             asked[check] = (got.chain(), list(got.ranks), got.reason)
     assert asked == {
         3: (("log",), [1], "slow for 3 checks on 10.0.0.1"),
-        10: (("diagnose", "reattempt"), [1], "slow for 10 checks on 10.0.0.1"),
+        10: (("diagnose", "evict"), [1], "slow for 10 checks on 10.0.0.1"),
     }
 
 
@@ -403,3 +408,46 @@ def test_a_restart_after_damage_with_no_checkpoint_before_it_only_logs_and_says_
     acts.on_alarm(alarm("straggler"))  # the attempt was not acted on: a later alarm of it may act
     assert acts.order_for(0)["action"] == "reattempt"
     assert (written[-1][1]["checkpoint_run_step"], written[-1][1]["why"]) == (20, "Ray's latest checkpoint")
+
+
+def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
+    # Which node is the head node, and the drain itself, are Ray's (tests/test_node_loss.py drains
+    # for real); here they are given, to reach the two ways an evict falls back.
+    from ray_ormas._internal.head import fleet_actions
+
+    written: list[dict] = []
+    acts = fleet_actions.FleetActions(
+        FleetSettings(actions={"straggler": "evict", "hang": "evict"}),
+        lambda name, lines: written.extend(lines),
+        driver_node="driver-node",
+    )
+    for attempt in (0, 1):
+        for rank, node in ((0, "head-node"), (1, "worker-node")):
+            acts.rank_joined(attempt, fleet_actions.RankHandle(rank, None, node, f"name-{node}", 100 + rank))
+    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
+    monkeypatch.setattr(fleet_actions, "drain_node", lambda node_id, why: "the node is already being drained")
+    # On the head node: never evicted, the group restarts instead (still an action).
+    acts.on_alarm({**alarm("straggler"), "ranks": [0]})
+    assert acts.order_for(0)["action"] == "reattempt" and acts._planner.taken == 1
+    fell = written[-1]
+    assert fell["action"] == "reattempt"
+    assert fell["reason"] == "node name-head-node is the head node, which is never evicted"
+    # A drain Ray refuses: the alarm only logs, with Ray's reason, and it does not count.
+    acts.on_alarm({**alarm("straggler"), "attempt": 1, "ranks": [1]})
+    refused = written[-1]
+    assert (refused["action"], refused["outcome"]) == ("log", "failed") and acts.order_for(1) is None
+    assert refused["reason"] == "Ray refused to drain node name-worker-node: the node is already being drained"
+    assert acts._planner.taken == 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_evict_on_a_cluster_of_one_node_is_said_before_the_fit(caplog):
+    from ray_ormas._internal.driver.capacity import lone_node_eviction
+
+    # The session's cluster has one node: fit() refuses it when it started the cluster itself
+    # (the CLI's case is tests/test_storage_paths.py), and warns on a cluster it joined.
+    said = lone_node_eviction(FleetSettings(actions={"straggler": "evict", "hang": ["diagnose", "evict"]}))
+    assert said.startswith("FleetSettings.actions evicts on hang, straggler alarms, and this Ray cluster has one node")
+    assert "use 'reattempt'" in said
+    assert lone_node_eviction(FleetSettings(actions={"straggler": "reattempt"})) is None
+    assert lone_node_eviction(None) is None

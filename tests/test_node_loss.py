@@ -1,8 +1,10 @@
 """Losing the node that hosts the workers (rank 0 included) mid-run: the run completes on a fresh
 node from its last checkpoint, and the record in storage is complete and linked. The scenarios
 run one after the other on one simulated multi-node cluster in a subprocess
-(tests/scenarios/node_loss.py): with local storage, with S3, and without a replacement node. The
-session's Ray cluster is untouched; the subprocess's process group is killed if it hangs."""
+(tests/scenarios/node_loss.py): the fleet's `evict` action first (on nodes of its own,
+tests/scenarios/evict.py: a slow node named and evicted, a policy that evicts, the bound), then
+node loss with local storage, with S3, and without a replacement node. The session's Ray cluster
+is untouched; the subprocess's process group is killed if it hangs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,6 +21,7 @@ from typing import Iterator
 
 import pyarrow.compute as pc
 import pytest
+from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 
 from ray_ormas import open_records
@@ -27,7 +31,8 @@ from .conftest import ROOT, temporary_folders
 pytestmark = pytest.mark.system  # its own Ray head or cluster
 
 
-FITS = {"local": "replace", "s3": "replace", "bounded": "no-replacement"}  # in this order: the last leaves no node
+# In this order: the last leaves no node.
+FITS = {"evict": "evict", "local": "replace", "s3": "replace", "bounded": "no-replacement"}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +40,12 @@ def lost_nodes(tmp_path_factory, s3) -> Iterator[tuple[Path, dict[str, str], str
     """The three fits of the scenario: the folder of their outcomes, each fit's storage, the log.
     What the lost node staged on this machine (its S3 segment's local copy) is removed after."""
     base = tmp_path_factory.mktemp("node-loss")
-    storage = {"local": str(base / "local"), "s3": f"{s3.bucket()}/runs", "bounded": str(base / "bounded")}
+    storage = {
+        "evict": str(base / "evict"),
+        "local": str(base / "local"),
+        "s3": f"{s3.bucket()}/runs",
+        "bounded": str(base / "bounded"),
+    }
     before = temporary_folders()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     fits = [f"{name}={mode}@{storage[name]}" for name, mode in FITS.items()]
@@ -111,3 +121,94 @@ def test_without_a_replacement_node_the_wait_is_bounded_by_the_controller_failur
     first = records.segments()[0]  # the lost node's record is in storage
     last = json.loads(records.events()["line"][-1].as_py())
     assert first.events > 0 and (not first.complete or "error" in last), last  # cut off, or closed with the error
+
+
+# ------------------------------------------------------------------ the fleet's `evict` action
+def attempts_nodes(outcome: dict) -> list[dict[int, str]]:
+    """rank -> node id of each attempt, from the files the ranks wrote when they started."""
+    starts = sorted(outcome["starts"].items())  # by start time: two ranks per attempt
+    return [{int(name.split("-rank")[1]): node for name, node in starts[i : i + 2]} for i in range(0, len(starts), 2)]
+
+
+@pytest.mark.timeout(1000)
+def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_restarts_without_it(lost_nodes, capsys):
+    outcome, storage, log = outcome_of(lost_nodes, "evict")
+    assert "error" not in outcome and outcome["finished"], log[-4000:]
+    a, c = outcome["nodes"]["A"], outcome["nodes"]["C"]
+    first, second, third = attempts_nodes(outcome)
+    slow = next(rank for rank, node in first.items() if node == a)  # the rank on the slow node
+    fast = 1 - slow
+
+    # Named within three checks. Checks at steps 0, 5, 10, ...; each carries the median timings
+    # of the 5 steps up to it, so a straggler is seen at the first check whose steps it slows in
+    # the majority: from step 18, the check at step 20 (steps 18, 19, 20 of 16-20).
+    [alarm] = [x for x in outcome["alarms"] if x["kind"] == "straggler"]  # none after the eviction
+    assert alarm["attempt"] == 0 and alarm["ranks"] == [slow] and alarm["slow_in"] == "data"
+    assert 20 <= alarm["step"] <= 20 + 2 * 5, alarm  # the 1st, 2nd or 3rd slow check
+    assert f"rank {slow} on node" in alarm["message"] and "data loading" in alarm["message"]
+    ranks = outcome["ranks"]
+    assert alarm["node"] == ranks[slow]["node"] and ranks[slow]["lowest_score"] < 0.5
+    assert ranks[slow]["lowest_score"] < ranks[fast]["lowest_score"]
+    assert outcome["checks"] >= 12 and "rank  node" in outcome["table"]
+
+    # The fleet record, read back as a user would: every rank at every check of every attempt.
+    records = open_records(f"{storage}/evict")
+    checks = records.fleet_checks().to_pylist()
+    assert len(checks) == 2 * outcome["checks"] and {c["rank"] for c in checks} == {0, 1}
+    slow_rows = [c for c in checks if c["attempt"] == 0 and c["step"] >= 20]
+    data = {r: statistics.median(c["data_s"] for c in slow_rows if c["rank"] == r) for r in (0, 1)}
+    assert data[slow] > 0.02 > data[fast], data
+    fast_scores = [c["relative_score"] for c in checks if c["attempt"] == 0 and c["rank"] == fast]
+    assert statistics.median(s for s in fast_scores if s is not None) >= 0.5, fast_scores
+    paths = records.write_parquet(Path(storage) / "parquet")
+    assert all(paths[t].is_file() for t in ("fleet_checks", "fleet_alarms", "fleet_attempts", "fleet_actions"))
+
+    # The eviction: node A drained (its raylet left the cluster once idle), the group restarted on
+    # B and the spare C, from Ray's latest checkpoint; the record's attempts say so.
+    evict = outcome["actions"][0]
+    assert (evict["alarm"], evict["action"], evict["outcome"]) == ("straggler", "evict", "done"), evict
+    assert evict["evicted_ids"] == [a] and evict["why"] == "Ray's latest checkpoint" and 0 < evict["seconds"] < 120
+    assert set(first.values()) == {a, outcome["nodes"]["B"]}
+    assert a not in second.values() and c in second.values()
+    assert outcome["alive"][a] is False
+    attempts = records.fleet_attempts().to_pylist()
+    assert [(x["event"], x["world_size"]) for x in attempts] == [("start", 2), ("restart", 2), ("restart", 2)]
+
+    # MLflow (the default embedded store): the slow rank's scores, the alarm and the action.
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(storage) / 'evict' / 'mlflow' / 'mlflow.db'}")
+    run_id = outcome["mlflow_run_id"]
+    scores = {m.step: m.value for m in client.get_metric_history(run_id, f"fleet/rank_{slow}/score")}
+    assert min(scores.values()) < 0.5 and max(scores) == 70
+    [logged] = client.get_metric_history(run_id, "fleet/alarms/straggler")
+    assert logged.step == alarm["run_step"]
+    assert [m.step for m in client.get_metric_history(run_id, "fleet/actions/straggler")] == [alarm["run_step"]]
+
+    # `ray-ormas report`, as a user reads the run.
+    from ray_ormas._internal.cli.main import main
+
+    assert main(["report", f"{storage}/evict"]) == 0
+    out = capsys.readouterr().out
+    said = f"action: evict after the straggler alarm on ranks {slow} at run step {alarm['run_step']}: done"
+    assert said in out and f"node {ranks[slow]['node']} drained" in out, out
+    assert "action: log after the policy alarm on ranks 1" in out and ": bounded" in out
+
+
+@pytest.mark.timeout(1000)
+def test_a_policy_evicts_on_its_own_rule_until_max_actions_then_only_logs(lost_nodes):
+    outcome, storage, log = outcome_of(lost_nodes, "evict")
+    assert "error" not in outcome and outcome["finished"], log[-4000:]
+    _, second, third = attempts_nodes(outcome)
+    policy = [x for x in outcome["actions"] if x["alarm"] == "policy"]
+    # Attempt 1: the policy's evict drains rank 1's node; attempt 2 runs on the spare D without it.
+    evicted = policy[0]
+    assert (evicted["attempt"], evicted["action"], evicted["outcome"], evicted["ranks"]) == (1, "evict", "done", [1])
+    assert evicted["evicted_ids"] == [second[1]] and second[1] not in third.values()
+    assert outcome["nodes"]["D"] in third.values() and outcome["nodes"]["A"] not in third.values()
+    # Attempt 2: the same fault comes back; max_actions=2 was reached: it only logs, and says why.
+    bounded = policy[1]
+    assert (bounded["attempt"], bounded["action"], bounded["outcome"]) == (2, "log", "bounded"), bounded
+    assert bounded["reason"] == "max_actions (2) already taken in this fit: only logged"
+    assert len(outcome["actions"]) == 3
+    # ... and the run went on to its end: one segment per attempt, the last complete.
+    segments = open_records(f"{storage}/evict").segments()
+    assert [s.attempt for s in segments] == [0, 1, 2] and segments[-1].complete and segments[-1].loop_ended

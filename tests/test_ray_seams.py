@@ -49,6 +49,21 @@ def test_each_piece_matches_the_installed_ray():
     ray_train.check_nccl_hang_env()
     assert ray_train.print_patch_env() == "RAY_TRAIN_ENABLE_PRINT_PATCH"
     assert ray_train.poll_interval_env() == "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+    ray_train.check_drain_seam()
+
+
+def test_a_gone_drain_call_or_reason_fails_loudly(monkeypatch):
+    raylet = importlib.import_module("ray._raylet")
+    monkeypatch.setattr(raylet, "InnerGcsClient", type("InnerGcsClient", (), {}))
+    ray_train._drain_pieces.cache_clear()
+    with pytest.raises(RaySeamChanged, match=r"evicts a node.*InnerGcsClient.drain_node, which GcsClient forwards"):
+        ray_train.check_drain_seam()
+    monkeypatch.undo()
+    ray_train._drain_pieces.cache_clear()
+    monkeypatch.setattr(ray_train, "DRAIN_REASONS", ("ray.core.generated.autoscaler_pb2", "DrainNodeReason", "GONE"))
+    with pytest.raises(RaySeamChanged, match="DrainNodeReason has no GONE"):
+        ray_train.check_drain_seam()
+    ray_train._drain_pieces.cache_clear()
 
 
 def test_a_renamed_or_unpropagated_poll_interval_variable_fails_loudly(monkeypatch):

@@ -121,7 +121,7 @@ def test_capacity_per_node_and_in_total(ray_cluster):
 
 @pytest.mark.system  # the command starts a Ray cluster of its own
 @pytest.mark.timeout(180)
-def test_the_cli_refuses_workers_a_cluster_it_started_cannot_place(tmp_path):
+def test_the_cli_refuses_workers_or_an_evict_a_cluster_it_started_cannot_serve(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)
     done = subprocess.run(
@@ -133,6 +133,10 @@ def test_the_cli_refuses_workers_a_cluster_it_started_cannot_place(tmp_path):
             str(ROOT / "examples" / "digits_repair.yaml"),
             "--set",
             "scaling.resources_per_worker={CPU: 64}",
+            "--set",
+            "fleet.actions={straggler: evict}",
+            "--set",
+            "failure.max_failures=1",
         ],
         cwd=ROOT,
         env=env,
@@ -142,6 +146,8 @@ def test_the_cli_refuses_workers_a_cluster_it_started_cannot_place(tmp_path):
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "scaling.resources_per_worker: one worker needs 64 CPU" in done.stderr
+    # ... and, in the same message, an evict that could never act: the one node is the head node.
+    assert "fleet.actions evicts on straggler alarms, and this Ray cluster has one node" in done.stderr
     assert "cannot grow" in done.stderr and not (tmp_path / "ray_ormas_runs" / "digits-repair").exists()
 
 

@@ -1,4 +1,5 @@
-"""Node loss on a simulated multi-node cluster: `python -m tests.scenarios.node_loss OUT_DIR NAME=MODE@STORAGE ...`.
+"""Node loss (and eviction) on a simulated multi-node cluster:
+`python -m tests.scenarios.node_loss OUT_DIR NAME=MODE@STORAGE ...`.
 
 `ray.cluster_utils.Cluster` starts a head node (the driver, Ray Train's controller and the run
 ledger) and one worker node that hosts both training workers. Each fit named on the command
@@ -8,6 +9,8 @@ worker node is removed (its raylet and every process on it die, rank 0 included)
 checkpoint, and the next fit starts on that node. The outcome of fit NAME goes to
 OUT_DIR/NAME.json for tests/test_node_loss.py to check. `Cluster.add_node` works only from the
 main thread, so `fit()` runs in a background thread. The cluster is always shut down.
+
+MODE "evict" runs the fleet's `evict` action on nodes of its own (tests/scenarios/evict.py).
 
 MODE "no-replacement" (last, since it leaves no worker node): no node is added. With
 `FailureConfig(controller_failure_limit=1)` and `RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=5` (Ray
@@ -37,6 +40,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray_ormas import RayOrmasTrainer
 from tests.loops import resume_loop
 from tests.scenarios import FAST_NODE_DEATH
+from tests.scenarios.evict import evict_fit
 
 WORKER_NODE = {"num_cpus": 2, "resources": {"train_slot": 2}}
 
@@ -50,7 +54,10 @@ def main(out_dir: str, *fits: str) -> None:
         for spec in fits:
             name, rest = spec.split("=", 1)
             mode, storage = rest.split("@", 1)
-            outcome, node = lose_the_node(cluster, node, storage, mode)
+            if mode == "evict":  # on nodes of its own (tests/scenarios/evict.py)
+                outcome = evict_fit(cluster, storage)
+            else:
+                outcome, node = lose_the_node(cluster, node, storage, mode)
             (Path(out_dir) / f"{name}.json").write_text(json.dumps(outcome, default=str))
             if not outcome["finished"] or node is None:  # a fit still running, or no node left
                 break

@@ -31,7 +31,7 @@ from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.job_config import ConfigError, JobConfig, load_config, load_target
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.driver.capacity import check_capacity, per_worker
+from ray_ormas._internal.driver.capacity import check_capacity, lone_node_eviction, per_worker
 from ray_ormas._internal.driver.failures import describe_failure
 from ray_ormas._internal.driver.paths import StoragePathError, resolve_location
 from ray_ormas._internal.record.store import RecordStorageError
@@ -220,11 +220,14 @@ def _start_ray(job: JobConfig) -> str | None:
         f"{job.scaling.min_workers * need.get('CPU', 0):g} CPUs, {job.scaling.min_workers * need.get('GPU', 0):g} GPUs"
     )
     shortfall = check_capacity(scaling, keys=CLI_SCALING_KEYS)
-    if shortfall is None:
+    # A joined cluster may grow: fit() only warns of an evict that cannot act then.
+    lone = None if address else lone_node_eviction(job.fleet, option="fleet.actions")
+    if shortfall is None and lone is None:
         return None
     if not address:
         ray.shutdown()
-        return f"{shortfall}. (This Ray cluster was started on this machine and cannot grow.)"
+        said = ". ".join(problem for problem in (shortfall, lone) if problem)
+        return f"{said}. (This Ray cluster was started on this machine and cannot grow.)"
     say(
         f"the cluster cannot place the workers yet ({shortfall}): Ray Train waits for it to grow (an "
         f"autoscaler) and gives up after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S per try "

@@ -25,8 +25,7 @@ from typing import Any, Callable
 from ray_ormas.errors import OptionError
 
 Policy = Callable[["FleetView"], "FleetAction | None"]
-ACTIONS = ("log", "reattempt", "stop", "diagnose")
-NOT_YET = {"evict": "use 'reattempt' (the group restarts on the nodes Ray gives it)"}
+ACTIONS = ("log", "reattempt", "evict", "stop", "diagnose")
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ class FleetView:
 @dataclass(frozen=True)
 class FleetAction:
     """What a policy asks for: an action (as in `FleetSettings.actions`: "log", "reattempt",
-    "stop", "diagnose", or ["diagnose", then]) on the named ranks, with the reason it gives."""
+    "evict", "stop", "diagnose", or ["diagnose", then]) on the named ranks, with the reason it
+    gives. `evict` drains the nodes of the named ranks."""
 
     action: str | tuple[str, ...] | list[str]
     ranks: tuple[int, ...] | list[int] = ()
@@ -98,8 +98,6 @@ def check_chain(kind: str, given: Any) -> tuple[str, ...]:
             f"{kind}: give an action or a list of them, e.g. 'reattempt' or ['diagnose', 'stop'], got {given!r}"
         )
     for action in chain:
-        if action in NOT_YET:
-            raise OptionError(f"{kind}: {action!r} is not available in this release; {NOT_YET[action]}")
         if action not in ACTIONS:
             raise OptionError(f"{kind}: unknown action {action!r}; the actions are {', '.join(ACTIONS)}")
     if len(chain) > 2 or (len(chain) == 2 and (chain[0] != "diagnose" or chain[1] == "diagnose")):

@@ -62,8 +62,10 @@ class FleetSettings:
             between checks so far, at least 120 s; see docs/fleet-health.md).
         actions: what an alarm does, by its kind (`straggler`, `divergence`, `nonfinite`,
             `unreadable`, `hang`): "log" (the default for every kind: name it), "reattempt"
-            (restart the worker group from a checkpoint through Ray's failure path), "stop" (end
-            the fit with `FleetStopError`), or ["diagnose", then] (capture the named ranks' Python
+            (restart the worker group from a checkpoint through Ray's failure path), "evict" (drain
+            the named ranks' nodes, so that Ray schedules nothing new there, then restart the
+            group on other nodes; never the head node or the driver's), "stop" (end the fit with
+            `FleetStopError`), or ["diagnose", then] (capture the named ranks' Python
             stacks first, then the action after it, if any).
         max_actions: at most this many actions per fit; after that an alarm only logs, and says why.
         policy: your own rule: a function (or "module:function") that receives a `FleetView` at
@@ -117,7 +119,7 @@ class FleetSettings:
 
     actions: dict[str, tuple[str, ...]] = Field(
         default_factory=dict,
-        description="what an alarm does, by kind: log (default), reattempt, stop, or [diagnose, then]",
+        description="what an alarm does, by kind: log (default), reattempt, evict, stop, or [diagnose, then]",
     )
     max_actions: int = Field(default=3, ge=0, description="at most this many actions per fit; then alarms only log")
     policy: Callable[..., Any] | None = Field(
@@ -145,6 +147,11 @@ class FleetSettings:
     def action_for(self, kind: str) -> tuple[str, ...]:
         """The actions of an alarm of `kind`, in order: ("log",) unless `actions` says otherwise."""
         return self.actions.get(kind, ("log",))
+
+    @property
+    def evicts(self) -> bool:
+        """Whether an alarm's action can evict (a policy may evict too: that is known only when it asks)."""
+        return any("evict" in chain for chain in self.actions.values())
 
     @property
     def acts(self) -> bool:

@@ -258,10 +258,10 @@ def _mlflow_settings(mlflow: Any, run_config: RunConfig) -> MLflowSettings | Non
 
 
 def _check_restarts(fleet: FleetSettings | None, run: RunConfig) -> None:
-    """A `reattempt` action restarts the group through Ray's failure policy, which needs room."""
+    """A `reattempt` or `evict` action restarts the group through Ray's failure policy, which needs room."""
     if fleet is None:
         return
-    restarting = sorted(kind for kind, chain in fleet.actions.items() if chain[-1] == "reattempt")
+    restarting = sorted(kind for kind, chain in fleet.actions.items() if chain[-1] in ("reattempt", "evict"))
     failures = run.failure_config.max_failures if run.failure_config is not None else 0
     if fleet.policy is not None and failures == 0 and not restarting:
         logger.warning(

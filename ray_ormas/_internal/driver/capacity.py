@@ -7,6 +7,8 @@ a request larger than it would wait forever, restarting the worker group every
 `RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`, with no word about why. `check_capacity` compares what
 the workers need with what the cluster has, in total and per node (one worker must fit on one
 node), and returns the shortfall as one sentence, or None when the workers fit.
+`lone_node_eviction` does the same for the fleet's `evict` action, which needs a node other than
+the head node (never evicted) to act on.
 
 Hooks relied on: `ray.nodes()` (each node's `Alive` and `Resources`), and `ScalingConfig`'s
 public fields with their documented defaults (a worker takes 1 CPU, or 1 GPU with `use_gpu`).
@@ -18,6 +20,8 @@ from typing import Any
 
 import ray
 from ray.train import ScalingConfig
+
+from ray_ormas._internal.common.fleet_settings import FleetSettings
 
 
 def per_worker(scaling: ScalingConfig) -> dict[str, float]:
@@ -63,6 +67,21 @@ def check_capacity(scaling: ScalingConfig, *, keys: dict[str, str] | None = None
                 f"({keys['resources']}), or a bigger cluster"
             )
     return None
+
+
+def lone_node_eviction(fleet: FleetSettings | None, *, option: str = "FleetSettings.actions") -> str | None:
+    """Why `evict` can never act on this cluster (it has one node, the head node, which is never
+    evicted), or None when it can (or no action evicts)."""
+    if fleet is None or not fleet.evicts:
+        return None
+    if sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
+        return None
+    kinds = sorted(kind for kind, chain in fleet.actions.items() if "evict" in chain)
+    return (
+        f"{option} evicts on {', '.join(kinds)} alarms, and this Ray cluster has one node, the head node, "
+        f"which is never evicted (an evict there would only restart the group); use 'reattempt', or run "
+        f"on a cluster with worker nodes"
+    )
 
 
 def _amount(x: Any) -> str:

@@ -52,7 +52,7 @@ from ray_ormas._internal.common.settings import (
     RepairMode,
 )
 from ray_ormas._internal.driver.arguments import check_arguments, local_run_dir
-from ray_ormas._internal.driver.capacity import check_capacity
+from ray_ormas._internal.driver.capacity import check_capacity, lone_node_eviction
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import fleet_stop
 from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
@@ -224,7 +224,8 @@ class RayOrmasTrainer:
         unchanged), after printing where the record of the failed run is.
         """
         continuation = self._announce_continuation()
-        if not ray.is_initialized():
+        started_here = not ray.is_initialized()
+        if started_here:
             ray.init()
             shortfall = check_capacity(self.scaling_config)
             if shortfall is not None:  # a cluster started here never grows: Ray Train would wait forever
@@ -233,6 +234,12 @@ class RayOrmasTrainer:
                     f"{shortfall}. (fit() started this Ray cluster on this machine, so it cannot "
                     f"grow; on a cluster with an autoscaler, call ray.init(address=...) first)"
                 )
+        lone = lone_node_eviction(self.fleet)
+        if lone is not None and started_here:  # it never gains a node to evict
+            ray.shutdown()
+            raise OptionError(f"{lone}. (fit() started this Ray cluster on this machine, so it cannot grow)")
+        if lone is not None:
+            logger.warning("%s, unless the cluster grows (an autoscaler) before an alarm", lone)
         fit_id = uuid.uuid4().hex
         tracking = self._tracking_spec(fit_id)
         local = self.scaling_config.num_workers == 0
@@ -240,7 +247,14 @@ class RayOrmasTrainer:
             None
             if self.fleet is None
             else FleetSpec(
-                self.fleet, self.store, fit_id, self.run_config.name, self.world_size, self.strategy, self.elastic
+                self.fleet,
+                self.store,
+                fit_id,
+                self.run_config.name,
+                self.world_size,
+                self.strategy,
+                self.elastic,
+                driver_node=ray.get_runtime_context().get_node_id(),
             )
         )
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class

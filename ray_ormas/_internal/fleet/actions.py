@@ -12,6 +12,7 @@ The rules (docs/fleet-health.md, "When the fleet acts"):
   policy asked for): ("log",) does nothing more;
 * at most `max_actions` actions per fit; after that an alarm only logs, and its line says why;
 * one action per attempt: once an attempt is being restarted or stopped, its later alarms log;
+* `evict` is a `reattempt` on other nodes: it chooses its checkpoint the same way;
 * `reattempt` after a `divergence` or `nonfinite` alarm resumes from the last checkpoint taken no
   later than the last check at which every rank's digest agreed and every loss was finite; when
   there is none, the action falls back to `log` and says so (restarting would replay the damage,
@@ -27,6 +28,7 @@ from typing import Any
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 
 DAMAGE_KINDS = ("divergence", "nonfinite")  # alarms whose later checkpoints are not resumed from
+RESTARTS = ("reattempt", "evict")  # the actions that restart the worker group
 
 
 @dataclass
@@ -150,7 +152,7 @@ class ActionPlanner:
             }
         self.taken += 1
         final = chain[-1] if chain[-1] != "diagnose" else "log"
-        if final in ("reattempt", "stop"):
+        if final in RESTARTS + ("stop",):
             attempt = alarm.get("attempt")
             self._acted_attempts.add(attempt if isinstance(attempt, int) else -1)
         return {**line, "action": final, "diagnose": chain[0] == "diagnose", "outcome": "requested"}

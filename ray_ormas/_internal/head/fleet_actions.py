@@ -8,6 +8,11 @@
                  `FleetReattemptError`, so the group fails through Ray's own path and
                  `FailureConfig` restarts it; a rank that cannot reach a check (a hang) has its
                  worker actor killed, which Ray's poll sees as a worker failure
+      evict      the named ranks' nodes are drained (seams/ray_train.py `drain_node`: Ray places
+                 nothing new there), then the same order as `reattempt`: the restarted group's
+                 placement group goes to other nodes. The head node and the driver's node are
+                 never drained (the action restarts the group instead, and says so); a drain Ray
+                 refuses leaves the alarm logging, with Ray's reason
       stop       the same order with `FleetStopError`; the controller's `after_exception`
                  (head/ledger_callback.py) asks `stop_message` and raises it there, which Ray
                  does not retry; the driver raises it after the record is closed
@@ -19,7 +24,8 @@ Every failure here (no checkpoint before the damage, a worker actor unknown, py-
 refused) is written as the action's outcome, and the alarm only logs: an action never crashes or
 hangs the fit.
 
-Hooks relied on: `ray.kill` on a Ray Train worker actor (its handle from
+Hooks relied on: `ray.nodes()` (the head node's resource, seams/ray_train.py), Ray's GCS drain
+(seams/ray_train.py), `ray.kill` on a Ray Train worker actor (its handle from
 `ray.get_runtime_context().current_actor` on the worker), `ray.remote` tasks with
 `NodeAffinitySchedulingStrategy`, py-spy's `dump --pid` command line.
 """
@@ -39,7 +45,8 @@ import ray
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.fleet.actions import DAMAGE_KINDS, ActionPlanner, CheckpointBook, fall_back
+from ray_ormas._internal.fleet.actions import DAMAGE_KINDS, RESTARTS, ActionPlanner, CheckpointBook, fall_back
+from ray_ormas._internal.seams.ray_train import drain_node, head_node_resource
 
 logger = get_logger("ray_ormas.fleet")
 STACK_TIMEOUT_S = 30.0  # py-spy's dump of one rank
@@ -61,8 +68,14 @@ class FleetActions:
     """One fit's actions (see the module docstring). Called under the fleet head's lock;
     `write(name, lines)` appends to the fleet record and says each action line once."""
 
-    def __init__(self, settings: FleetSettings, write: Callable[[str, list[dict[str, Any]]], None]) -> None:
+    def __init__(
+        self,
+        settings: FleetSettings,
+        write: Callable[[str, list[dict[str, Any]]], None],
+        driver_node: str | None = None,
+    ) -> None:
         self._planner = ActionPlanner(settings)
+        self._driver_node = driver_node
         self.book = CheckpointBook()
         self._write = write
         self._ranks: dict[int, dict[int, RankHandle]] = {}  # attempt -> rank -> where it runs
@@ -100,7 +113,7 @@ class FleetActions:
     def attempt_started(self, attempt: int) -> None:
         """A new attempt's rank 0 is training: the restarts that led to it are done."""
         with self._lock:
-            done = [w for w in self._waiting if w["action"] == "reattempt" and (w.get("attempt") or 0) < attempt]
+            done = [w for w in self._waiting if w["action"] in RESTARTS and (w.get("attempt") or 0) < attempt]
             self._waiting = [w for w in self._waiting if w not in done]
             resumed, self._resumed = self._resumed, None
         now = time.time()
@@ -123,7 +136,7 @@ class FleetActions:
         line = self._planner.decide(alarm)
         if line is None:
             return
-        if line["action"] == "reattempt":
+        if line["action"] in RESTARTS:
             line = self._choose_checkpoint(line)
         self._write("actions", [line])
         if not line["diagnose"]:
@@ -169,7 +182,10 @@ class FleetActions:
 
     def _carry_out(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
         action, attempt = line["action"], line.get("attempt") or 0
-        if action not in ("reattempt", "stop"):
+        if action not in RESTARTS + ("stop",):
+            return
+        evicted = self._evict(line) if action == "evict" else ""
+        if evicted is None:  # the drain failed: the alarm only logs (said)
             return
         where = f"rank{'s' if len(line['ranks']) != 1 else ''} {', '.join(map(str, line['ranks'])) or '?'}"
         if line.get("node"):
@@ -180,12 +196,66 @@ class FleetActions:
             self._stop = message
         else:
             resume = f"checkpoint at run step {line['checkpoint_run_step']}" if line.get("checkpoint") else "the start"
-            message = f"restarting the worker group from {resume} after {said}"
+            message = f"{evicted}restarting the worker group from {resume} after {said}"
         with self._lock:
             self._waiting.append(line)
-            self._orders[attempt] = {"action": action, "message": message, "id": line["id"]}
+            order = "reattempt" if action == "evict" else action  # what a rank raises
+            self._orders[attempt] = {"action": order, "message": message, "id": line["id"]}
         if alarm["kind"] == "hang":  # the stuck ranks cannot read an order: their workers are ended
             self._end_stuck_ranks(line, attempt)
+
+    def _evict(self, line: dict[str, Any]) -> str | None:
+        """Drain the nodes of the line's ranks: what the restart's message says of it ("" when
+        no node could be evicted and the group only restarts), or None when Ray refused every
+        drain (the action then falls back to logging, said)."""
+        with self._lock:
+            known = self._ranks.get(line.get("attempt") or 0, {})
+            nodes = {known[r].node_id: known[r].node for r in line["ranks"] if r in known}
+        if not nodes:
+            self._fall_back_to_reattempt(line, "the named ranks' nodes are not known to the head")
+            return ""
+        try:
+            kept = _never_evicted(self._driver_node)
+        except Exception as e:  # without it no node is known to be safe to drain
+            self._fall_back_to_reattempt(line, f"the head node is not known ({type(e).__name__}: {e})")
+            return ""
+        refused: list[str] = []
+        drained: dict[str, str] = {}  # node id -> name
+        for node_id, name in sorted(nodes.items(), key=lambda n: n[1]):
+            if node_id in kept:
+                refused.append(f"node {name} is {kept[node_id]}, which is never evicted")
+                continue
+            why = f"ray-ormas: {line['alarm']} alarm on ranks {line['ranks']}, run step {line.get('run_step')}"
+            try:
+                rejection = drain_node(node_id, why)
+            except Exception as e:  # a changed Ray (RaySeamChanged) or an unreachable GCS: said, never the fit's end
+                rejection = f"{type(e).__name__}: {e}"
+            if rejection is None:
+                drained[node_id] = name
+            else:
+                refused.append(f"Ray refused to drain node {name}: {rejection}")
+        if not drained and any(r.startswith("Ray refused") for r in refused):
+            self._planner.released(line.get("attempt"))
+            self._write("actions", [{"event": "outcome", "id": line["id"], **fall_back({}, "; ".join(refused))}])
+            return None
+        if not drained:
+            self._fall_back_to_reattempt(line, "; ".join(refused))
+            return ""
+        outcome: dict[str, Any] = {
+            "event": "outcome",
+            "id": line["id"],
+            "evicted": list(drained.values()),
+            "evicted_ids": list(drained),
+        }
+        if refused:
+            outcome["reason"] = "; ".join(refused)
+        self._write("actions", [outcome])
+        named = ", ".join(f"{name} ({node_id[:8]})" for node_id, name in drained.items())
+        return f"evicted node{'s' if len(drained) > 1 else ''} {named} (drained); "
+
+    def _fall_back_to_reattempt(self, line: dict[str, Any], reason: str) -> None:
+        logger.warning("fleet action %d: evict falls back to reattempt: %s", line["id"], reason)
+        self._write("actions", [{"event": "outcome", "id": line["id"], "action": "reattempt", "reason": reason}])
 
     def _end_stuck_ranks(self, line: dict[str, Any], attempt: int) -> None:
         with self._lock:
@@ -224,6 +294,16 @@ class FleetActions:
             self._carry_out(line, alarm)
         except Exception as e:  # never the fit's end
             self._outcome(line, "failed", f"{type(e).__name__}: {e}")
+
+
+def _never_evicted(driver_node: str | None) -> dict[str, str]:
+    """node id -> why it is never evicted: the head node (the run ledger, Ray's GCS) and the
+    driver's node."""
+    resource = head_node_resource()
+    kept = {n["NodeID"]: "the head node" for n in ray.nodes() if resource in n.get("Resources", {})}
+    if driver_node:
+        kept.setdefault(driver_node, "the driver's node")
+    return kept
 
 
 def _stacks_of(handle: RankHandle) -> str:

@@ -63,6 +63,7 @@ class FleetSpec:
     world: int  # the largest world size (an elastic fit's maximum)
     strategy: str
     elastic: tuple[int, int] | None = None  # (min, max) workers of an elastic fit
+    driver_node: str | None = None  # the driver's node (hex id): never evicted
 
 
 class FleetHead:
@@ -104,7 +105,7 @@ class FleetHead:
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
         self._lock = threading.RLock()
         self._stall = StallWatch(s.hang_after_s, spec.world)
-        self._actions = FleetActions(s, self._write_action) if s.acts else None
+        self._actions = FleetActions(s, self._write_action, spec.driver_node) if s.acts else None
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
         self._alarms_seen: list[dict[str, Any]] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
@@ -320,6 +321,10 @@ def _say_action(line: dict[str, Any]) -> None:
         extra = f" in {line['seconds']} s" if line.get("seconds") is not None else ""
         reason = f": {line['reason']}" if line.get("reason") else ""
         said = line.get("outcome") or line.get("diagnosed")
+        if said is None and line.get("evicted"):
+            said = "drained " + ", ".join(f"{n} ({i[:8]})" for n, i in zip(line["evicted"], line["evicted_ids"]))
+        if said is None and line.get("action"):
+            said = f"{line['action']} instead"
         logger.warning("fleet action %d: %s%s%s", line["id"], said, extra, reason)
         return
     ranks = ", ".join(map(str, line.get("ranks") or [])) or "-"

@@ -231,6 +231,8 @@ def action_text(line: dict[str, Any]) -> str:
     text += f": {line.get('outcome')}"
     if line.get("seconds") is not None:
         text += f", training again {line['seconds']} s after the alarm"
+    if line.get("evicted"):
+        text += f", node{'s' if len(line['evicted']) > 1 else ''} {', '.join(line['evicted'])} drained"
     if line.get("checkpoint_run_step") is not None:
         text += f", from the checkpoint at run step {line['checkpoint_run_step']}"
     if line.get("reason"):

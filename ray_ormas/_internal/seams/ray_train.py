@@ -28,6 +28,13 @@ upstream change that would let it go.
   result N: TrainingReport(...)", the whole metrics dict). Run on each worker unless
   `ray_report_lines` asks for them. If the logger is gone it says so once and does nothing: a
   console line is not worth a failed fit; tests/test_ray_seams.py checks it against a real fit.
+* `drain_node(node_id, message)`: asks Ray's GCS to drain a node, as Ray's autoscaler (v2) does
+  before it takes a node away, with the reason PREEMPTION: Ray schedules nothing new there (a
+  restarted worker group's placement group goes to other nodes), and the node's raylet leaves the
+  cluster once nothing runs on it. The `evict` action uses it (head/fleet_actions.py). Ray 2.60
+  has no public call for it (the hidden `ray drain-node` command uses the same private client).
+  Checked: `ray._raylet.GcsClient`, the `drain_node` of the inner client it forwards to, and the
+  reason's name in Ray's autoscaler protocol.
 * `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
   `ActorDiedError` (or `RayTaskError`) carries as text (driver/failures.py). When a traceback ends
   without one, Ray's format changed: said once, and the whole text is used.
@@ -78,6 +85,8 @@ PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 REPORT_LOG_MODULE = "ray.train.v2._internal.execution.context"
 REPORT_LINE_PREFIX = "Reporting training result"
+DRAIN_CLIENT = ("ray._raylet", "GcsClient", "InnerGcsClient", "drain_node")  # GcsClient forwards to the inner one
+DRAIN_REASONS = ("ray.core.generated.autoscaler_pb2", "DrainNodeReason", "DRAIN_NODE_REASON_PREEMPTION")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
 
 
@@ -169,6 +178,39 @@ def poll_interval_env() -> str:
     if name not in _ray_constant(TRAIN_CONSTANTS_MODULE, "ENV_VARS_TO_PROPAGATE", piece):
         raise changed(piece, f"Ray Train no longer propagates {name} from the driver to the controller")
     return name
+
+
+@functools.cache
+def _drain_pieces() -> tuple[Any, int]:
+    """Ray's GCS client class and the PREEMPTION drain reason's value, checked."""
+    piece = "evicts a node by asking Ray's GCS to drain it, as Ray's autoscaler does"
+    module, client_name, inner_name, method = DRAIN_CLIENT
+    client = _ray_constant(module, client_name, piece)
+    if not callable(getattr(_ray_constant(module, inner_name, piece), method, None)):
+        raise changed(piece, f"{module}.{inner_name}.{method}, which {client_name} forwards to, is gone")
+    reasons_module, enum, reason = DRAIN_REASONS
+    reasons = _ray_constant(reasons_module, enum, piece)
+    try:
+        value = int(reasons.Value(reason))
+    except (AttributeError, ValueError) as e:
+        raise changed(piece, f"{reasons_module}.{enum} has no {reason}: {e}") from None
+    return client, value
+
+
+def check_drain_seam() -> None:
+    """The pieces `drain_node` uses, checked against the installed Ray (`RaySeamChanged` if not)."""
+    _drain_pieces()
+
+
+def drain_node(node_id: str, message: str) -> str | None:
+    """Drain node `node_id` (hex) as a preemption, with no deadline; None when Ray accepted it, else
+    Ray's reason for refusing. Raises `RaySeamChanged` when Ray's pieces for it changed."""
+    import ray
+
+    client_class, reason = _drain_pieces()
+    client = client_class(address=ray.get_runtime_context().gcs_address)
+    accepted, rejection = client.drain_node(node_id, reason, message, 0)
+    return None if accepted else str(rejection or "refused without a reason")
 
 
 class _ReportLineFilter(logging.Filter):

@@ -1,0 +1,117 @@
+"""The fleet's `evict` action on a simulated multi-node cluster, run by tests/scenarios/node_loss.py
+on its cluster (mode "evict", before the node-loss fits; the nodes it adds are removed after it).
+
+Two worker nodes, A and B, with one training slot each (`evict_slot`, a resource the node-loss
+fits do not use), host the fit's two ranks. The rank on node A is slow in data loading (the
+loop's `slow_node`): a slow node, not a slow rank.
+
+    attempt 0   on A and B: the straggler alarm names A's rank (data loading) within three
+                checks -> `evict` (FleetSettings.actions): node A is drained and the group
+                restarts from Ray's latest checkpoint. Node C is added once attempt 0 is
+                placed: the spare the restart lands on.
+    attempt 1   on B and C: no straggler alarm. The test's policy
+                (tests/loops.py `evict_rank_1_after_the_first_attempt`) evicts rank 1's node at
+                the attempt's check 3. Node D is added once attempt 1 is placed.
+    attempt 2   on D and the node left: the policy asks again, and `max_actions=2` is reached:
+                the alarm only logs ("bounded"), and the fit runs to its end.
+
+Each rank writes its node's id when it starts (`node_log`), so the test knows which nodes each
+attempt ran on. The outcome goes to the scenario's JSON for tests/test_node_loss.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+from ray_ormas import FleetSettings, RayOrmasTrainer
+from tests.loops import digits_loop
+
+SLOT_NODE = {"num_cpus": 1, "resources": {"evict_slot": 1}}
+STEPS = 75  # attempt 2 starts at run step 50: its check 3 is at 65
+DEADLINE_S = 300
+
+
+def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
+    """The fit described above, on nodes it adds to `cluster` and removes at its end."""
+    node_log = Path(storage) / "nodes"
+    node_log.mkdir(parents=True, exist_ok=True)
+    nodes = {"A": cluster.add_node(**SLOT_NODE), "B": cluster.add_node(**SLOT_NODE)}
+    cluster.wait_for_nodes()
+    trainer = RayOrmasTrainer(
+        digits_loop,
+        check_every=5,
+        verbose=False,
+        train_loop_config={
+            "steps": STEPS,
+            "tiny": True,
+            "resume": True,
+            "report_at": [10, 20, 30, 40, 50],
+            "ormas_checkpoint": True,
+            "slow_node": nodes["A"].node_id,
+            "slow_from": 18,
+            "slow_s": 0.05,
+            "node_log": str(node_log),
+        },
+        fleet=FleetSettings(
+            actions={"straggler": "evict"},
+            policy="tests.loops:evict_rank_1_after_the_first_attempt",
+            max_actions=2,
+        ),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "evict_slot": 1}),
+        run_config=RunConfig(name="evict", storage_path=storage, failure_config=FailureConfig(max_failures=3)),
+    )
+    outcome: dict[str, Any] = {"nodes": {name: node.node_id for name, node in nodes.items()}}
+
+    def run() -> None:
+        try:
+            result = trainer.fit()
+            fleet = result.ormas.fleet
+            outcome.update(
+                return_value=result.return_value,
+                mlflow_run_id=result.ormas.mlflow_run_id,
+                alarms=fleet.alarms if fleet else None,
+                actions=fleet.actions if fleet else None,
+                ranks=fleet.ranks if fleet else None,
+                checks=fleet.checks if fleet else None,
+                table=fleet.table() if fleet else None,
+            )
+        except BaseException as e:  # reported to the test, which fails on it
+            outcome["error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    thread.start()
+
+    def wait_for_starts(count: int) -> bool:
+        while len(os.listdir(node_log)) < count:
+            if time.monotonic() - started > DEADLINE_S or not thread.is_alive():
+                return False
+            time.sleep(0.2)
+        return True
+
+    # The spare for each restart is added once the attempt before it is placed, so that the
+    # attempt runs on the nodes described above.
+    for spare, placed in (("C", 2), ("D", 4)):
+        if not wait_for_starts(placed):
+            break
+        nodes[spare] = cluster.add_node(**SLOT_NODE)
+        outcome["nodes"][spare] = nodes[spare].node_id
+    thread.join(timeout=max(DEADLINE_S - (time.monotonic() - started), 1))
+    outcome["finished"] = not thread.is_alive()
+    outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
+    outcome["alive"] = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+    if outcome["finished"]:
+        for node in nodes.values():
+            try:
+                cluster.remove_node(node, allow_graceful=False)
+            except Exception:  # a drained node's raylet has already left the cluster
+                pass
+    return outcome
