@@ -19,6 +19,8 @@ for it (`s3`).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -73,6 +75,39 @@ def s3() -> Iterator[S3Server]:
     S3.start()
     yield S3
     S3.shutdown()
+
+
+@pytest.fixture(scope="session")
+def multi_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, s3) -> Iterator[dict]:
+    """The simulated multi-node scenarios the selected tests need, run side by side to their end
+    (tests/scenario_runs.py): name -> (its run, the folder of its outcomes, its storage). What
+    the node-loss scenario's lost nodes staged on this machine is removed at the end."""
+    from .scenario_runs import elastic_run, node_loss_run
+
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    before = temporary_folders()
+    scenarios: dict = {}
+    if "resized" in wanted:
+        base = tmp_path_factory.mktemp("elastic")
+        scenarios["elastic"] = (elastic_run(base), base, {})
+    if "lost_nodes" in wanted:
+        base = tmp_path_factory.mktemp("node-loss")
+        storage = {
+            "evict": str(base / "evict"),
+            "local": str(base / "local"),
+            "s3": f"{s3.bucket()}/runs",
+            "bounded": str(base / "bounded"),
+        }
+        scenarios["node_loss"] = (node_loss_run(base, storage), base, storage)
+    for run, _, _ in scenarios.values():
+        run.start()
+    for run, _, _ in scenarios.values():  # before any other test uses the machine again
+        run.finish()
+    yield scenarios
+    for run, _, _ in scenarios.values():
+        run.stop()
+    for name in set(temporary_folders()) - set(before):
+        shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -2,17 +2,14 @@
 
 The resizes run on their own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py),
 one fit per strategy, one after the other: 2 workers, a node removed (Ray restarts the group at
-1), a node added (Ray grows it back to 2). The subprocess's process group is killed if it hangs.
+1), a node added (Ray grows it back to 2). It runs beside the node-loss scenario
+(tests/scenario_runs.py); its process group is killed if it hangs.
 The bad-input tests need no Ray cluster.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -23,35 +20,17 @@ from ray.train import ScalingConfig
 
 from ray_ormas import BatchSize, RayOrmasTrainer, open_records
 
-from .conftest import ROOT
 from .loops import elastic_loop
-
-STRATEGIES = ("ddp", "fsdp")
+from .scenario_runs import STRATEGIES
 
 
 @pytest.fixture(scope="module")
-def resized(tmp_path_factory) -> tuple[Path, str]:
+def resized(multi_node) -> tuple[Path, str]:
     """Both strategies' elastic fits, one after the other on one simulated cluster
-    (tests/scenarios/elastic.py): the folder of their outcomes and storage, and the scenario's log."""
-    base = tmp_path_factory.mktemp("elastic")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.scenarios.elastic", str(base / "runs"), str(base), ",".join(STRATEGIES)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=750)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"the elastic scenario hung:\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-4000:]
-    return base, log
+    (tests/scenarios/elastic.py, run beside the node-loss scenario: tests/scenario_runs.py): the
+    folder of their outcomes and storage, and the scenario's log."""
+    run, base, _ = multi_node["elastic"]
+    return base, run.wait()
 
 
 @pytest.mark.system  # its own Ray cluster
@@ -93,6 +72,9 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     ]
     assert [a["run_step"] for a in attempts] == offsets
     assert outcome["fleet_alarms"] == []
+    # Actions were configured (divergence: reattempt, nonfinite: stop) and none fired: each rank
+    # of every size read the head's answer at every check, and the resizes went as without them.
+    assert outcome["fleet_actions"] == []
     checks = records.fleet_checks()
     ranks_per_check: dict = {}
     digests: dict = {}

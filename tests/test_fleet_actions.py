@@ -123,6 +123,7 @@ def test_divergence_restarts_from_the_last_checkpoint_the_replicas_agreed_on(act
     assert action["action"] == "reattempt" and action["outcome"] == "done"
     # The checkpoint at run step 30 was taken after the damage: the restart resumed from 20.
     assert action["checkpoint_run_step"] == 20 and "run step 20" in action["why"], action
+    assert action["resumed_run_step"] == 20  # where the restarted group began, as its outcome says
     import torch
 
     resumed = torch.load(Path(action["checkpoint"]) / "state.pt", weights_only=True)
@@ -297,7 +298,7 @@ def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys):
     assert main(["report", str(acted.run_dir)]) == 0
     out = capsys.readouterr().out
     assert "action: reattempt after the divergence alarm on ranks 1 at run step 25: done" in out, out
-    assert "from the checkpoint at run step 20" in out
+    assert "resumed at run step 20" in out
     assert "action: diagnose, then reattempt after the hang alarm" in out and "stacks of ranks" in out
     assert "action: stop after the nonfinite alarm on ranks 1 at run step 35: done" in out
     page = (acted.run_dir / "ormas" / "run.html").read_text()

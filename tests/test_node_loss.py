@@ -4,20 +4,14 @@ run one after the other on one simulated multi-node cluster in a subprocess
 (tests/scenarios/node_loss.py): the fleet's `evict` action first (on nodes of its own,
 tests/scenarios/evict.py: a slow node named and evicted, a policy that evicts, the bound), then
 node loss with local storage, with S3, and without a replacement node. The session's Ray cluster
-is untouched; the subprocess's process group is killed if it hangs."""
+is untouched; the subprocess runs beside the elastic scenario (tests/scenario_runs.py), and its
+process group is killed if it hangs."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.compute as pc
 import pytest
@@ -26,48 +20,15 @@ from ormas_monitor.record import verify_run
 
 from ray_ormas import open_records
 
-from .conftest import ROOT, temporary_folders
-
 pytestmark = pytest.mark.system  # its own Ray head or cluster
 
 
-# In this order: the last leaves no node.
-FITS = {"evict": "evict", "local": "replace", "s3": "replace", "bounded": "no-replacement"}
-
-
 @pytest.fixture(scope="module")
-def lost_nodes(tmp_path_factory, s3) -> Iterator[tuple[Path, dict[str, str], str]]:
-    """The three fits of the scenario: the folder of their outcomes, each fit's storage, the log.
-    What the lost node staged on this machine (its S3 segment's local copy) is removed after."""
-    base = tmp_path_factory.mktemp("node-loss")
-    storage = {
-        "evict": str(base / "evict"),
-        "local": str(base / "local"),
-        "s3": f"{s3.bucket()}/runs",
-        "bounded": str(base / "bounded"),
-    }
-    before = temporary_folders()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    fits = [f"{name}={mode}@{storage[name]}" for name, mode in FITS.items()]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.scenarios.node_loss", str(base), *fits],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"the node-loss scenario hung:\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-4000:]
-    yield base, storage, log
-    for name in set(temporary_folders()) - set(before):
-        shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
+def lost_nodes(multi_node) -> tuple[Path, dict[str, str], str]:
+    """The scenario's fits (tests/scenario_runs.py `NODE_LOSS_FITS`, run beside the elastic
+    scenario): the folder of their outcomes, each fit's storage, the log."""
+    run, base, storage = multi_node["node_loss"]
+    return base, storage, run.wait()
 
 
 def outcome_of(lost_nodes: tuple[Path, dict[str, str], str], name: str) -> tuple[dict, str, str]:
@@ -148,7 +109,6 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     assert f"rank {slow} on node" in alarm["message"] and "data loading" in alarm["message"]
     ranks = outcome["ranks"]
     assert alarm["node"] == ranks[slow]["node"] and ranks[slow]["lowest_score"] < 0.5
-    assert ranks[slow]["lowest_score"] < ranks[fast]["lowest_score"]
     assert outcome["checks"] >= 12 and "rank  node" in outcome["table"]
 
     # The fleet record, read back as a user would: every rank at every check of every attempt.
@@ -158,8 +118,11 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     slow_rows = [c for c in checks if c["attempt"] == 0 and c["step"] >= 20]
     data = {r: statistics.median(c["data_s"] for c in slow_rows if c["rank"] == r) for r in (0, 1)}
     assert data[slow] > 0.02 > data[fast], data
-    fast_scores = [c["relative_score"] for c in checks if c["attempt"] == 0 and c["rank"] == fast]
-    assert statistics.median(s for s in fast_scores if s is not None) >= 0.5, fast_scores
+    first_attempt = [c for c in checks if c["attempt"] == 0 and c["relative_score"] is not None]
+    scores = {r: [c["relative_score"] for c in first_attempt if c["rank"] == r] for r in (0, 1)}
+    # The other rank may be slow at a single check on a busy machine, but never for the 3 checks
+    # in a row an alarm takes (one alarm, above); the slow node's rank is far below it.
+    assert statistics.median(scores[fast]) >= 0.5 and min(scores[slow]) < min(scores[fast]), scores
     paths = records.write_parquet(Path(storage) / "parquet")
     assert all(paths[t].is_file() for t in ("fleet_checks", "fleet_alarms", "fleet_attempts", "fleet_actions"))
 
@@ -173,6 +136,8 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     assert outcome["alive"][a] is False
     attempts = records.fleet_attempts().to_pylist()
     assert [(x["event"], x["world_size"]) for x in attempts] == [("start", 2), ("restart", 2), ("restart", 2)]
+    # Ray's latest checkpoint when the group restarted (it may be later than at the alarm).
+    assert attempts[1]["run_step"] == evict["resumed_run_step"] >= evict["checkpoint_run_step"]
 
     # MLflow (the default embedded store): the slow rank's scores, the alarm and the action.
     client = MlflowClient(tracking_uri=f"sqlite:///{Path(storage) / 'evict' / 'mlflow' / 'mlflow.db'}")

@@ -3,7 +3,8 @@ trainable builds the trainer with `TuneReportCallback` in its RunConfig and call
 
 Each trial is its own fit: its own record (in its run folder), its own MLflow run with the trial's
 config as params, and the monitor's facts reach Tune with every report, so a scheduler can stop a
-trial whose layers died. The sweep: a healthy trial, then one whose conv2 and conv3 are dead
+trial whose layers died. The sweep: a healthy trial (2 workers, with fleet actions configured,
+none of which fires), then one whose conv2 and conv3 are dead
 (lesioned, no repair), which ASHA on `ormas/stuck_layers` stops at its first report, then a
 healthy one that a stopper stops at its loop's last report (a fast trial: the stop arrives
 after its loop ended).
@@ -23,7 +24,7 @@ from ray.tune import Stopper
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
-from ray_ormas import RayOrmasTrainer, open_records
+from ray_ormas import FleetSettings, RayOrmasTrainer, open_records
 
 from .loops import resume_loop
 
@@ -34,13 +35,16 @@ EPOCHS = 4  # one report each, then ray-ormas's final one
 
 
 def trainable(config: dict) -> None:
-    """One trial: a RayOrmasTrainer fit named after the trial, reporting to Tune."""
+    """One trial: a RayOrmasTrainer fit named after the trial, reporting to Tune. The healthy
+    trial runs on 2 workers with fleet actions configured (none fires); the others on 1."""
+    healthy = config["trial"] == "healthy"
     RayOrmasTrainer(
         resume_loop,
         train_loop_config={"epochs": EPOCHS, "lesion": config["trial"] == "dead"},
         check_every=3,
         verbose=False,
-        scaling_config=ScalingConfig(num_workers=1),
+        fleet=FleetSettings(actions={"nonfinite": "stop", "hang": "diagnose"}) if healthy else True,
+        scaling_config=ScalingConfig(num_workers=2 if healthy else 1),
         run_config=RunConfig(
             name=f"trial-{tune.get_context().get_trial_id()}",
             storage_path=config["storage"],
@@ -91,6 +95,9 @@ def test_a_sweep_gives_each_trial_its_record_and_mlflow_run_and_asha_stops_the_t
     # One record per trial, in the trial's run folder. The healthy trial's fit ended as fits do.
     (done,) = open_records(runs["healthy"]).segments()
     assert done.complete and done.loop_ended and (runs["healthy"] / "ormas" / "run.html").is_file()
+    # Its fleet (2 ranks, actions configured): every check of both ranks, and no action.
+    fleet = open_records(runs["healthy"])
+    assert set(fleet.fleet_checks().column("rank").to_pylist()) == {0, 1} and fleet.fleet_actions().num_rows == 0
     client = MlflowClient(f"sqlite:///{runs['healthy'] / 'mlflow' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("ray-ormas").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["train_loop_config.lesion"] == "False"

@@ -28,7 +28,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
-from ray_ormas import BatchSize, RayOrmasTrainer, open_records
+from ray_ormas import BatchSize, FleetSettings, RayOrmasTrainer, open_records
 from tests.loops import elastic_loop
 from tests.scenarios import FAST_NODE_DEATH
 
@@ -80,6 +80,8 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         verbose=False,
         strategy=strategy,
         batch=BatchSize(64, per="global"),
+        # Actions that nothing here fires: the resizes go as without them.
+        fleet=FleetSettings(actions={"divergence": "reattempt", "nonfinite": "stop"}),
         scaling_config=ScalingConfig(
             num_workers=(1, 2),
             resources_per_worker={"CPU": 1, "train_slot": 1},
@@ -100,6 +102,7 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
                 tracking_uri=result.ormas.tracking_uri,
                 fleet_attempts=fleet.attempts if fleet else None,
                 fleet_alarms=fleet.alarms if fleet else None,
+                fleet_actions=fleet.actions if fleet else None,
                 worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
             )
         except BaseException as e:  # reported to the test, which fails on it

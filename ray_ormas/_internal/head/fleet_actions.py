@@ -16,7 +16,8 @@
       stop       the same order with `FleetStopError`; the controller's `after_exception`
                  (head/ledger_callback.py) asks `stop_message` and raises it there, which Ray
                  does not retry; the driver raises it after the record is closed
-    a new attempt starts -> the action's outcome line, with the seconds from the alarm
+    a new attempt starts -> the action's outcome line, with the seconds from the alarm and the
+                            run step the group resumed at
     a rank restarts      -> `resume_from`: the checkpoint a `divergence` or `nonfinite` reattempt
                             chose, when it is not Ray's latest (worker/resume.py reads it)
 
@@ -110,8 +111,10 @@ class FleetActions:
             self._resumed = _path(chosen) if chosen is not None else None
             return chosen
 
-    def attempt_started(self, attempt: int) -> None:
-        """A new attempt's rank 0 is training: the restarts that led to it are done."""
+    def attempt_started(self, attempt: int, run_step: int | None = None) -> None:
+        """A new attempt's rank 0 is training, from `run_step`: the restarts that led to it are
+        done (their outcome says where the group resumed: Ray's latest checkpoint may have
+        moved on between the alarm and the restart)."""
         with self._lock:
             done = [w for w in self._waiting if w["action"] in RESTARTS and (w.get("attempt") or 0) < attempt]
             self._waiting = [w for w in self._waiting if w not in done]
@@ -120,6 +123,8 @@ class FleetActions:
         lines = []
         for line in done:
             outcome = {"event": "outcome", "id": line["id"], "outcome": "done", "seconds": round(now - line["time"], 1)}
+            if run_step is not None:
+                outcome["resumed_run_step"] = run_step
             if resumed is not None:  # the fleet's choice, not Ray's latest (worker/resume.py)
                 outcome["checkpoint"] = resumed
             lines.append(outcome)

@@ -123,7 +123,7 @@ class FleetHead:
         self._analyzer.set_offset(attempt, offset)
         self._stall.attempt_started(attempt, world_size)
         if self._actions is not None:
-            self._actions.attempt_started(attempt)
+            self._actions.attempt_started(attempt, offset)
         if world_size is None:
             return
         previous, self._last_world = self._last_world, world_size

@@ -233,7 +233,9 @@ def action_text(line: dict[str, Any]) -> str:
         text += f", training again {line['seconds']} s after the alarm"
     if line.get("evicted"):
         text += f", node{'s' if len(line['evicted']) > 1 else ''} {', '.join(line['evicted'])} drained"
-    if line.get("checkpoint_run_step") is not None:
+    if line.get("resumed_run_step") is not None:
+        text += f", resumed at run step {line['resumed_run_step']}"
+    elif line.get("checkpoint_run_step") is not None:
         text += f", from the checkpoint at run step {line['checkpoint_run_step']}"
     if line.get("reason"):
         text += f" ({line['reason']})"

@@ -1,0 +1,91 @@
+"""The simulated multi-node scenarios (tests/scenarios/), run side by side.
+
+Each scenario is a subprocess with a Ray cluster of its own (`ray.cluster_utils.Cluster`) whose
+fits mostly wait: for a node to die or join, for Ray Data's autoscaling coordinator (every
+20 s), for a sleep in the loop. Run one after the other they cost the sum of those waits; side
+by side, about the longer one (measured: 267 s for both, against 171 s and 216 s one after the
+other). `multi_node` (tests/conftest.py) starts every scenario a selected test needs when the
+first of them is asked for, and waits for all of them there, so that they never share the
+machine with the session's own fits (whose timings some tests judge); each test module then
+reads its own (`ScenarioRun.wait`: a scenario that ran past its timeout had its process group
+killed, and its tests fail with its log).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ScenarioRun:
+    """One scenario's subprocess: `python -m tests.scenarios.NAME ARGS...`."""
+
+    module: str
+    args: list[str]
+    timeout_s: float
+    proc: subprocess.Popen | None = None
+    log: str | None = None
+    hung: bool = False
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"tests.scenarios.{self.module}", *self.args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def finish(self) -> None:
+        """Wait for the scenario to end (its process group is killed past its timeout)."""
+        assert self.proc is not None
+        if self.log is None:
+            try:
+                self.log, _ = self.proc.communicate(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.log, _ = self.proc.communicate()
+                self.hung = True
+
+    def wait(self) -> str:
+        """The scenario's log once it exited with 0; the test fails otherwise."""
+        self.finish()
+        assert self.proc is not None and self.log is not None
+        if self.hung:
+            pytest.fail(f"the {self.module} scenario hung:\n{self.log[-4000:]}")
+        assert self.proc.returncode == 0, self.log[-4000:]
+        return self.log
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.communicate()
+
+
+STRATEGIES = ("ddp", "fsdp")  # tests/test_elastic.py: one elastic fit each
+# tests/test_node_loss.py, in this order (the last leaves no node): name -> mode
+NODE_LOSS_FITS = {"evict": "evict", "local": "replace", "s3": "replace", "bounded": "no-replacement"}
+
+
+def elastic_run(base: Path) -> ScenarioRun:
+    """Both strategies' elastic fits, one after the other on one simulated cluster: their outcomes
+    and runs under `base`."""
+    return ScenarioRun("elastic", [str(base / "runs"), str(base), ",".join(STRATEGIES)], timeout_s=750)
+
+
+def node_loss_run(base: Path, storage: dict[str, str]) -> ScenarioRun:
+    """The node-loss scenario's fits (`NODE_LOSS_FITS`), each with its storage: outcomes under `base`."""
+    fits = [f"{name}={mode}@{storage[name]}" for name, mode in NODE_LOSS_FITS.items()]
+    return ScenarioRun("node_loss", [str(base), *fits], timeout_s=750)
