@@ -185,6 +185,19 @@ def evict_rank_1_after_the_first_attempt(view: ray_ormas.FleetView) -> ray_ormas
     return None
 
 
+def evict_rank_1_then_stop_the_grown_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own for an elastic fit (tests/scenarios/elastic.py): once, at
+    the first attempt's first check from run step 24 on (three epochs of `elastic_loop` at 2
+    ranks, so a checkpoint is registered), it asks for rank 1's stacks and then to evict its node;
+    at the third attempt's (the group grown back) check 3, it asks to stop the fit."""
+    if view.attempt == 0 and view.run_step >= 24 and not view.memory.get("evicted"):
+        view.memory["evicted"] = True
+        return ray_ormas.FleetAction(["diagnose", "evict"], ranks=[1], reason=f"run step {view.run_step}")
+    if view.attempt == 2 and view.check == 3:
+        return ray_ormas.FleetAction("stop", ranks=[0], reason="the grown attempt reached check 3")
+    return None
+
+
 def block_forever_before_backward() -> None:
     """A rank stuck in Python (the name its stack shows)."""
     import threading
@@ -290,7 +303,8 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     returning), slow_rank + slow_s (that rank sleeps that long before every step), wait_for_url +
     wait_at (rank 0 waits before that global step until the URL answers, at most 5 minutes: a
     tracker outage the test started ends inside the fit however slow the machine is at bringing
-    the server back).
+    the server back), nudge_rank / nudge_at / once_dir (that rank changes conv2's weights outside
+    DDP after that global step's update, once per fit: the replicas diverge, as in `digits_loop`).
     """
     import signal
     import time
@@ -313,6 +327,7 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     mon = ray_ormas.monitor(model, opt)
     state = ray_ormas.load_checkpoint(model, opt, sampler=sampler)
     step = state.step if state else 0
+    once = _Once(config.get("once_dir"))
     persisted = []
     for epoch in range(state.epoch + 1 if state else 0, config.get("epochs", 4)):
         sampler.set_epoch(epoch)
@@ -334,6 +349,9 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
             loss.backward()
             mon.step(loss)
             opt.step()
+            if rank == config.get("nudge_rank") and step == config.get("nudge_at") and once("nudge"):
+                with torch.no_grad():  # outside DDP: the replicas now differ
+                    net.conv2[0].weight.add_(1e-3)
             step += 1
         checkpoint = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
         metrics: dict[str, Any] = {"epoch": epoch, "step": step}

@@ -1,8 +1,10 @@
 """Elastic fits (`ScalingConfig(num_workers=(min, max))`) through a real resize, and their bad input.
 
 The resizes run on their own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py),
-one fit per strategy, one after the other: 2 workers, a node removed (Ray restarts the group at
-1), a node added (Ray grows it back to 2). It runs beside the node-loss scenario
+one fit per strategy, one after the other: 2 workers, a node lost (DDP: the fleet's policy takes
+rank 1's stacks and evicts its node; FSDP: the node is removed), so Ray restarts the group at 1;
+a node added (Ray grows it back to 2). The DDP fit then ends with the policy's `stop`; the FSDP
+fit returns. It runs beside the node-loss scenario
 (tests/scenario_runs.py); its process group is killed if it hangs.
 The bad-input tests need no Ray cluster.
 """
@@ -41,8 +43,11 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     assert (base / f"{strategy}.json").is_file(), log[-4000:]
     outcome, storage = json.loads((base / f"{strategy}.json").read_text()), base / "runs" / strategy
     assert "error" not in outcome and outcome["finished"], (outcome, log[-4000:])
-    # The grown attempt trained 2 epochs of 8 steps at 32 samples per rank (the global 64 split).
-    assert outcome["return_value"]["world"] == 2 and outcome["return_value"]["per_rank_batch"] == 32
+    stopped = strategy == "ddp"  # the DDP fit ends with the fleet policy's stop, once grown back
+    if stopped:
+        assert "policy alarm" in outcome["stopped"] and "rank 0" in outcome["stopped"], outcome
+    else:  # the grown attempt trained 2 epochs of 8 steps at 32 samples per rank (the global 64 split)
+        assert outcome["return_value"]["world"] == 2 and outcome["return_value"]["per_rank_batch"] == 32
 
     # The record: one linked segment per attempt, each with its world size and its batch split; the
     # run step continues across sizes, and every segment that was closed verifies.
@@ -57,24 +62,40 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     assert segments[1].link["previous"]["segment"] == "segment-000"
     assert segments[2].link["previous"]["segment"] == "segment-001"
     assert segments[2].complete and segments[1].complete is not None
+    assert ("FleetStopError" in str(segments[2].error)) == stopped, segments[2].error
     for seg in segments:
         if seg.complete:
             assert verify_run(seg.path).ok, seg.path
-    assert outcome["final"]["ormas/segments"] == 3 and outcome["final"]["ormas/run_step"] == offsets[2] + 16
+    if not stopped:
+        assert outcome["final"]["ormas/segments"] == 3 and outcome["final"]["ormas/run_step"] == offsets[2] + 16
 
     # The fleet: the resizes are events in its record, not alarms; each check compares the ranks
     # of its own attempt (an attempt at 1 worker has nothing to compare).
-    attempts = outcome["fleet_attempts"]
+    attempts = records.fleet_attempts().to_pylist()
     assert [(a["event"], a["world_size"], a.get("resized_from")) for a in attempts] == [
         ("start", 2, None),
         ("resize", 1, 2),
         ("resize", 2, 1),
     ]
     assert [a["run_step"] for a in attempts] == offsets
-    assert outcome["fleet_alarms"] == []
-    # Actions were configured (divergence: reattempt, nonfinite: stop) and none fired: each rank
-    # of every size read the head's answer at every check, and the resizes went as without them.
-    assert outcome["fleet_actions"] == []
+    # Actions were configured (divergence: reattempt, nonfinite: stop) and none of them fired:
+    # each rank of every size read the head's answer at every check.
+    alarms = records.fleet_alarms().to_pylist()
+    actions = [json.loads(line) for line in records.fleet_actions().column("line").to_pylist()]
+    if not stopped:  # the node was removed: no alarm, no action
+        assert alarms == [] and actions == []
+    else:  # the policy's evict, then its stop
+        assert [(a["kind"], a["attempt"], a["ranks"]) for a in alarms] == [("policy", 0, [1]), ("policy", 2, [0])]
+        evict, stop = actions
+        # The evict: the group came back smaller, on the node left.
+        assert (evict["action"], evict["diagnose"], evict["outcome"]) == ("evict", True, "done"), evict
+        assert evict["evicted_ids"] == outcome["evicted"] and len(outcome["evicted"]) == 1, (evict, outcome)
+        assert evict["resumed_run_step"] == offsets[1] and evict["run_step"] >= 24
+        # The stacks were taken on rank 1's own node (a worker node, not the head), in the loop.
+        assert "elastic_loop" in evict["stacks"]["1"], evict["stacks"]
+        assert 0 < evict["seconds"] < 120
+        # The stop: Ray did not retry it (max_failures=3 would have allowed two more restarts).
+        assert (stop["action"], stop["attempt"], stop["outcome"]) == ("stop", 2, "done"), stop
     checks = records.fleet_checks()
     ranks_per_check: dict = {}
     digests: dict = {}
@@ -88,11 +109,12 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     table = records.fleet_attempts()
     assert table.filter(pc.equal(table["event"], "resize")).num_rows == 2
 
-    # MLflow: one run for the whole fit, FINISHED, with the world size at each attempt's first step.
-    client = MlflowClient(outcome["tracking_uri"])
-    run = client.get_run(outcome["mlflow_run_id"])
-    assert run.info.status == "FINISHED"
-    assert len(client.search_runs([run.info.experiment_id])) == 1
+    # MLflow: one run for the whole fit (FINISHED, or FAILED by the stop), with the world size at
+    # each attempt's first step.
+    client = MlflowClient(outcome.get("tracking_uri") or f"sqlite:///{storage / 'elastic' / 'mlflow' / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("ray-ormas").experiment_id])
+    assert run.info.status == ("FAILED" if stopped else "FINISHED")
+    assert run.info.run_id == outcome.get("mlflow_run_id", run.info.run_id)
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ormas/world_size"))
     assert history == [(0, 2.0), (offsets[1], 1.0), (offsets[2], 2.0)]
     assert run.data.params["scaling.num_workers"] == "[1, 2]"

@@ -356,6 +356,8 @@ def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_
         (1, [0, 1], ["divergence"], 2),
         (2, [0, 1], ["divergence", "divergence_resolved"], 3),
     ]
+    # The ranks ended their loop after that check: they get the stop, once the diagnose is done.
+    assert head.order_at_end(0)["action"] == "stop" and head.order_at_end(1) is None
     summary = head.finish()  # waits for the diagnose, which finds no worker to read (no Ray here)
     [asked] = [a for a in summary.alarms if a["kind"] == "policy"]
     assert asked["chain"] == ["diagnose", "stop"] and asked["node"] == "10.0.0.1"

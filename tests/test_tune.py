@@ -3,15 +3,22 @@ trainable builds the trainer with `TuneReportCallback` in its RunConfig and call
 
 Each trial is its own fit: its own record (in its run folder), its own MLflow run with the trial's
 config as params, and the monitor's facts reach Tune with every report, so a scheduler can stop a
-trial whose layers died. The sweep: a healthy trial (2 workers, with fleet actions configured,
-none of which fires), then one whose conv2 and conv3 are dead
-(lesioned, no repair), which ASHA on `ormas/stuck_layers` stops at its first report, then a
-healthy one that a stopper stops at its loop's last report (a fast trial: the stop arrives
-after its loop ended).
+trial whose layers died. The sweep:
+
+    healthy   2 workers, healthy layers, fleet actions configured. Rank 1 changes its weights
+              outside DDP once, after global step 29: the `divergence` alarm at the loop's last
+              check (run step 30) takes its stacks and restarts the trial's worker group
+              (`["diagnose", "reattempt"]`) once the loop has ended, from the checkpoint the
+              replicas last agreed on (run step 24), inside the trial; the trial runs to its end.
+    dead      conv2 and conv3 dead (lesioned, no repair): ASHA on `ormas/stuck_layers` stops it
+              at its first report.
+    fast      healthy, 1 worker: a stopper stops it at its loop's last report (the stop arrives
+              after its loop ended).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 from ray import tune
-from ray.train import RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.tune import Stopper
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
@@ -32,23 +39,33 @@ STORAGE: dict[str, str] = {}  # the test's storage, for the trainable (it runs i
 
 
 EPOCHS = 4  # one report each, then ray-ormas's final one
+NUDGE_AT = 28  # the healthy trial's rank 1 nudges its weights after update 29 (an epoch is 8 updates)
+TRIAL_ACTIONS = {"divergence": ["diagnose", "reattempt"], "nonfinite": "stop", "hang": "diagnose"}
 
 
 def trainable(config: dict) -> None:
     """One trial: a RayOrmasTrainer fit named after the trial, reporting to Tune. The healthy
-    trial runs on 2 workers with fleet actions configured (none fires); the others on 1."""
+    trial runs on 2 workers with fleet actions configured, and rank 1 diverges once; the others
+    run on 1."""
     healthy = config["trial"] == "healthy"
+    name = f"trial-{tune.get_context().get_trial_id()}"
+    loop_config = {"epochs": EPOCHS, "lesion": config["trial"] == "dead"}
+    if healthy:  # once per fit (a marker in once_dir), whichever attempt reaches the step
+        once = Path(config["storage"]) / f"{name}-once"
+        once.mkdir(exist_ok=True)
+        loop_config.update(nudge_rank=1, nudge_at=NUDGE_AT, once_dir=str(once))
     RayOrmasTrainer(
         resume_loop,
-        train_loop_config={"epochs": EPOCHS, "lesion": config["trial"] == "dead"},
+        train_loop_config=loop_config,
         check_every=3,
         verbose=False,
-        fleet=FleetSettings(actions={"nonfinite": "stop", "hang": "diagnose"}) if healthy else True,
+        fleet=FleetSettings(actions=TRIAL_ACTIONS) if healthy else True,
         scaling_config=ScalingConfig(num_workers=2 if healthy else 1),
         run_config=RunConfig(
-            name=f"trial-{tune.get_context().get_trial_id()}",
+            name=name,
             storage_path=config["storage"],
             callbacks=[TuneReportCallback()],
+            failure_config=FailureConfig(max_failures=1),  # a reattempt is a failure to Ray
         ),
     ).fit()
 
@@ -86,22 +103,40 @@ def test_a_sweep_gives_each_trial_its_record_and_mlflow_run_and_asha_stops_the_t
     healthy, dead, fast = by_trial["healthy"], by_trial["dead"], by_trial["fast"]
     assert healthy.error is None and dead.error is None and fast.error is None
     # The monitor's facts reached Tune with every report; ASHA stopped the dead trial at its first.
-    # The healthy trial: its 4 epochs' reports, then ray-ormas's final one (the whole run's counts).
-    assert healthy.metrics["training_iteration"] == 5 and healthy.metrics["ormas/kind"] == "final"
+    # The healthy trial: its 4 epochs' reports, epoch 3's again after the restart, then
+    # ray-ormas's final one (the whole run's counts).
+    assert healthy.metrics["training_iteration"] == 6 and healthy.metrics["ormas/kind"] == "final"
     assert healthy.metrics["ormas/stuck_layers"] == 0 and healthy.metrics["ormas/certificates"] == 0
     assert dead.metrics["training_iteration"] == 1 and dead.metrics["ormas/stuck_layers"] == 2
 
     runs = {name: storage / f"trial-{r.metrics['trial_id']}" for name, r in by_trial.items()}
-    # One record per trial, in the trial's run folder. The healthy trial's fit ended as fits do.
-    (done,) = open_records(runs["healthy"]).segments()
-    assert done.complete and done.loop_ended and (runs["healthy"] / "ormas" / "run.html").is_file()
-    # Its fleet (2 ranks, actions configured): every check of both ranks, and no action.
+    # One record per trial, in the trial's run folder. The healthy trial's fleet acted inside the
+    # trial: rank 1's replica diverged at the loop's last check; once the loop had ended, every
+    # rank raised the order there, and the group restarted from the checkpoint at run step 24
+    # (epoch 2's, the last taken while the replicas agreed; epoch 3's came after the damage).
     fleet = open_records(runs["healthy"])
-    assert set(fleet.fleet_checks().column("rank").to_pylist()) == {0, 1} and fleet.fleet_actions().num_rows == 0
+    [divergence] = [a for a in fleet.fleet_alarms().to_pylist() if a["kind"] == "divergence"]
+    assert (divergence["attempt"], divergence["ranks"], divergence["run_step"]) == (0, [1], 30), divergence
+    [acted] = [json.loads(line) for line in fleet.fleet_actions().column("line").to_pylist()]
+    assert (acted["action"], acted["outcome"], acted["checkpoint_run_step"]) == ("reattempt", "done", 24), acted
+    assert acted["resumed_run_step"] == 24
+    stack = acted["stacks"]["1"]  # rank 1's worker, read by py-spy (kept alive until the order came)
+    assert "ray::RayTrainWorker" in stack and "could not read" not in stack, stack
+    first, resumed = fleet.segments()
+    assert "FleetReattemptError" in str(first.error) and resumed.step_offset == 24
+    assert resumed.complete and resumed.loop_ended
+    assert (runs["healthy"] / "ormas" / "run.html").is_file()
+    later: dict = {}  # the restarted replicas agree at every check again (one digest per check)
+    for c in fleet.fleet_checks().to_pylist():
+        if c["attempt"] == 1:
+            later.setdefault(c["check"], set()).add((c["rank"], c["digest"]))
+    assert later and all({r for r, _ in d} == {0, 1} and len({g for _, g in d}) == 1 for d in later.values())
     client = MlflowClient(f"sqlite:///{runs['healthy'] / 'mlflow' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("ray-ormas").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["train_loop_config.lesion"] == "False"
     assert run.data.metrics["ormas/stuck_channels_total"] == 0 and "ray_ormas.closed_by" not in run.data.tags
+    [logged] = client.get_metric_history(run.info.run_id, "fleet/actions/divergence")
+    assert logged.step == divergence["run_step"]
 
     # The stopped trial: Tune ends the trial's actor where it is, so its fit never reaches its end
     # (the journal has no status). Whether rank 0 closes its monitor while the stop tears the fit

@@ -2,12 +2,21 @@
 
 `ray.cluster_utils.Cluster` starts a head node (the driver, Ray Train's controller, the run ledger)
 and two worker nodes with one training slot each. Each fit asks for
-`ScalingConfig(num_workers=(1, 2))` and a global batch of 64, and starts at 2 workers. Once its
-first checkpoint is in storage, one worker node is removed: Ray Train restarts the group at 1
-worker from that checkpoint. Once that attempt has trained and checkpointed, a node is added
-again, and Ray Train grows the group back to 2 (its elastic policy reads the cluster through
-Ray Data's autoscaling coordinator, which looks every 20 s). The loop (tests/loops.py
-`elastic_loop`) stops two epochs into the grown attempt. The strategies ("ddp", "fsdp") run one
+`ScalingConfig(num_workers=(1, 2))` and a global batch of 64, and starts at 2 workers. Then
+it loses a worker node (`SHRINK`), and Ray Train restarts the group at 1 worker from its latest
+checkpoint:
+
+    ddp    the fleet evicts it: the test's policy (tests/loops.py
+           `evict_rank_1_then_stop_the_grown_attempt`) takes rank 1's stacks on its node, then
+           drains that node; with nowhere else to go, the group comes back smaller. Once the
+           group has grown back, the same policy stops the fit (`FleetStopError`).
+    fsdp   the node is removed (its raylet and every process on it die) once the fit's first
+           checkpoint is registered.
+
+Once the 1-worker attempt has trained and checkpointed, a node is added again, and Ray Train
+grows the group back to 2 (its elastic policy reads the cluster through Ray Data's autoscaling
+coordinator, which looks every 20 s). The loop (tests/loops.py `elastic_loop`) stops two epochs
+into the grown attempt (the FSDP fit returns there). The strategies ("ddp", "fsdp") run one
 after the other on the same cluster, each fit on the two worker nodes the previous one left;
 each writes its run to STORAGE/STRATEGY/elastic and its outcome to OUT_DIR/STRATEGY.json for
 tests/test_elastic.py. `Cluster.add_node` works only from the main thread, so `fit()` runs in a
@@ -28,12 +37,13 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
-from ray_ormas import BatchSize, FleetSettings, RayOrmasTrainer, open_records
+from ray_ormas import BatchSize, FleetSettings, FleetStopError, RayOrmasTrainer, open_records
 from tests.loops import elastic_loop
 from tests.scenarios import FAST_NODE_DEATH
 
 WORKER_NODE = {"num_cpus": 1, "resources": {"train_slot": 1}}
 DEADLINE_S = 300
+SHRINK = {"ddp": "evict", "fsdp": "remove"}  # how each strategy's fit loses a worker node
 
 
 def main(storage_root: str, out_dir: str, strategies: str = "ddp") -> None:
@@ -64,8 +74,9 @@ def main(storage_root: str, out_dir: str, strategies: str = "ddp") -> None:
 
 
 def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy: str) -> dict[str, Any]:
-    """One elastic fit at 2 workers: a worker node removed after its first checkpoint, one added
-    after the 1-worker attempt's first checkpoint (`workers` is kept up to date)."""
+    """One elastic fit at 2 workers: a worker node evicted or removed (`SHRINK`), one added after
+    the 1-worker attempt's first checkpoint (`workers` is kept up to date)."""
+    shrink = SHRINK[strategy]
     timeline: list[tuple[str, float]] = []
     started = time.monotonic()
 
@@ -80,8 +91,11 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         verbose=False,
         strategy=strategy,
         batch=BatchSize(64, per="global"),
-        # Actions that nothing here fires: the resizes go as without them.
-        fleet=FleetSettings(actions={"divergence": "reattempt", "nonfinite": "stop"}),
+        # Actions that nothing here fires, and (ddp) the policy that evicts a node, then stops the fit.
+        fleet=FleetSettings(
+            actions={"divergence": "reattempt", "nonfinite": "stop"},
+            policy="tests.loops:evict_rank_1_then_stop_the_grown_attempt" if shrink == "evict" else None,
+        ),
         scaling_config=ScalingConfig(
             num_workers=(1, 2),
             resources_per_worker={"CPU": 1, "train_slot": 1},
@@ -105,6 +119,8 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
                 fleet_actions=fleet.actions if fleet else None,
                 worker_errors=[{str(k): v for k, v in e.items()} for e in result.ormas.worker_errors],
             )
+        except FleetStopError as e:  # the policy's stop (ddp): the test reads the record
+            outcome["stopped"] = str(e)
         except BaseException as e:  # reported to the test, which fails on it
             outcome["error"] = f"{type(e).__name__}: {e}"
 
@@ -133,10 +149,15 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         note(what)
 
     try:
-        wait(lambda: registered() != "", "the first checkpoint registered (2 workers)")
-        cluster.remove_node(workers.pop(), allow_graceful=False)
-        note("removed a worker node")
+        if shrink == "remove":
+            wait(lambda: registered() != "", "the first checkpoint registered (2 workers)")
+            cluster.remove_node(workers.pop(), allow_graceful=False)
+            note("removed a worker node")
         wait(lambda: sizes()[-1:] == [1], "an attempt at 1 worker")
+        if shrink == "evict":  # the drained node's raylet leaves once nothing runs on it
+            wait(lambda: len(alive(workers)) == 1, "the evicted node gone from the cluster")
+            outcome["evicted"] = [w.node_id for w in workers if w not in alive(workers)]
+            forget(cluster, workers, alive(workers))
         before = registered()
         wait(lambda: registered() != before, "a checkpoint of the 1-worker attempt registered")
         workers.append(cluster.add_node(**WORKER_NODE))
@@ -148,6 +169,22 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
     outcome["finished"] = not thread.is_alive()
     outcome["timeline"] = timeline
     return outcome
+
+
+def alive(nodes: list[Any]) -> list[Any]:
+    """The nodes of `nodes` that Ray counts as alive."""
+    living = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return [node for node in nodes if node.node_id in living]
+
+
+def forget(cluster: Cluster, workers: list[Any], keep: list[Any]) -> None:
+    """Drop the worker nodes not in `keep` from `workers` and from the cluster's own list."""
+    for node in [w for w in workers if w not in keep]:
+        workers.remove(node)
+        try:
+            cluster.remove_node(node, allow_graceful=False)
+        except Exception:  # its raylet has already left
+            pass
 
 
 if __name__ == "__main__":

@@ -196,6 +196,14 @@ class FleetHead:
         """The order the ranks of `attempt` carry out at their next check, if an action gave one."""
         return self._actions.order_for(attempt) if self._actions is not None else None
 
+    def order_at_end(self, attempt: int) -> dict[str, Any] | None:
+        """The ranks of `attempt` ended their loop: its order, once the diagnoses under way have
+        decided theirs. Called without the lock, which a diagnose needs to write."""
+        if self._actions is None:
+            return None
+        self._actions.wait_for_diagnoses()
+        return self._actions.order_for(attempt)
+
     def incomplete(self, attempt: int) -> bool:
         """Whether `attempt` has a rank whose facts cannot be read (its checks never complete)."""
         return attempt in self._unreadable

@@ -152,6 +152,15 @@ class RunLedger:
                 await asyncio.wait_for(done.wait(), ORDER_WAIT_S)
         return self._fleet.order_for(attempt)
 
+    async def fleet_order_at_end(self, token: str) -> dict[str, Any] | None:
+        """Every rank of the attempt has ended its loop (they met for the final report): the
+        order an alarm's action gave the attempt after the ranks' last check, once the stacks a
+        `diagnose` is capturing are in and its action decided (at most STACK_TIMEOUT_S more), or
+        None. The ranks raise it there, so that an action asked near the end is still carried out."""
+        if self._fleet is None or not self._fleet.acts:
+            return None
+        return await asyncio.to_thread(self._fleet.order_at_end, self.begin_attempt(token))
+
     def fleet_rank(self, token: str, rank: int, actor: Any, node_id: str, node: str, pid: int) -> None:
         """A rank says where it runs, when an alarm can act (a hang's action ends its worker,
         `diagnose` reads its stacks on its node)."""

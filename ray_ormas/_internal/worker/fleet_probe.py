@@ -63,6 +63,7 @@ GROUPS = 64  # the parameter list is cut into at most this many digest groups
 TIMED_STEPS = 8  # a check carries the median timings of at most this many steps up to it
 NONFINITE_LAYERS_SHOWN = 8
 READ_ORDER_S = 10.0  # the ledger answers within its ORDER_WAIT_S (5 s); this only bounds a lost answer
+END_ORDER_S = 60.0  # at the loop's end the ledger answers once a diagnose under way is done (at most 35 s)
 
 
 class _StepTimes(NamedTuple):
@@ -205,6 +206,18 @@ class RankProbe:
                 self._answer = answer
         except Exception:  # a gone ledger: the next check tries again
             pass
+
+    def order_at_end(self) -> dict[str, Any] | None:
+        """The loop ended on every rank: the head's order that came after this rank's last check
+        (its answer, then any an action under way gives: worker/session.py raises it), or None.
+        Never raises: without an answer the fit ends as the loop did."""
+        if not self._acts:
+            return None
+        self._read_order()
+        if self.order is None:
+            with contextlib.suppress(Exception):
+                self.order = ray.get(self._ledger.fleet_order_at_end.remote(self._token), timeout=END_ORDER_S)
+        return self.order
 
     def _read_order(self) -> None:
         """The answer to the last check's call: the head's order, if any."""

@@ -270,6 +270,10 @@ class MonitorRuntime:
         if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)
 
+    def order_at_end(self) -> dict[str, Any] | None:
+        """The loop ended: the head's order that came after the last check (fleet actions), or None."""
+        return self._probe.order_at_end() if self._probe is not None else None
+
     def persist(self) -> dict[str, Any] | None:
         """Rank 0: bring the segment in storage up to date; return the pointer a checkpoint
         carries (record/segments.py). Other ranks: None. A failed upload is written to the record (a

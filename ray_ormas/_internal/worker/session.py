@@ -47,7 +47,7 @@ from ray_ormas._internal.worker.checkpointing import is_temporary
 from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
 from ray_ormas._internal.worker.rendezvous import meet
-from ray_ormas._internal.worker.resume import start_checkpoint, use_ledger
+from ray_ormas._internal.worker.resume import order_error, start_checkpoint, use_ledger
 from ray_ormas.errors import OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.worker")
@@ -237,6 +237,10 @@ class WorkerSession:
     def finish(self) -> None:
         """The loop returned on this rank: meet the others, close the monitors, report once more.
 
+        When an alarm can act, an order the head gave after the ranks' last check (an alarm at that
+        check, or a `diagnose` that was still capturing stacks) is raised here on every rank, as it
+        would have been at a next check: the restart or the stop still happens.
+
         If the run ledger is gone by then, the fit is being ended from outside after the loop
         ended (a Ray Tune scheduler's stop at the last report kills the trial's driver, and the
         ledger with it): the monitors close as the loop ended (a run_end without an error) and
@@ -252,6 +256,13 @@ class WorkerSession:
         if gone is not None:
             self._close_after_the_fit_was_ended(gone)
             return
+        order = next((o for mon in self.monitors.values() if (o := mon.order_at_end()) is not None), None)
+        if order is not None:  # an action asked after the last check: carried out here, as at a check
+            try:
+                raise order_error(order)
+            except BaseException:
+                self.abort()
+                raise
         if not self.monitors and self.plan.settings.auto_monitor:
             logger.warning(
                 "no monitor ran: the loop built none, and no optimizer.step() stepped "
