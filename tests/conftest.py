@@ -82,14 +82,15 @@ def multi_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     """The simulated multi-node scenarios the selected tests need, run side by side to their end
     (tests/scenario_runs.py): name -> (its run, the folder of its outcomes, its storage). What
     the node-loss scenario's lost nodes staged on this machine is removed at the end."""
-    from .scenario_runs import elastic_run, node_loss_run
+    from .scenario_runs import ACTS, STRATEGIES, elastic_run, node_loss_run
 
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     before = temporary_folders()
     scenarios: dict = {}
-    if "resized" in wanted:
+    fits = [*(STRATEGIES if "resized" in wanted else ()), *([ACTS] if "acted" in wanted else [])]
+    if fits:  # the elastic fits, then the fleet's actions, on one simulated cluster
         base = tmp_path_factory.mktemp("elastic")
-        scenarios["elastic"] = (elastic_run(base), base, {})
+        scenarios["elastic"] = (elastic_run(base, fits), base, {})
     if "lost_nodes" in wanted:
         base = tmp_path_factory.mktemp("node-loss")
         storage = {

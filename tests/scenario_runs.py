@@ -75,14 +75,15 @@ class ScenarioRun:
 
 
 STRATEGIES = ("ddp", "fsdp")  # tests/test_elastic.py: one elastic fit each
+ACTS = "acts"  # tests/test_fleet_actions.py: the fleet's actions, after the elastic fits on their cluster
 # tests/test_node_loss.py, in this order (the last leaves no node): name -> mode
 NODE_LOSS_FITS = {"evict": "evict", "local": "replace", "s3": "replace", "bounded": "no-replacement"}
 
 
-def elastic_run(base: Path) -> ScenarioRun:
-    """Both strategies' elastic fits, one after the other on one simulated cluster: their outcomes
-    and runs under `base`."""
-    return ScenarioRun("elastic", [str(base / "runs"), str(base), ",".join(STRATEGIES)], timeout_s=750)
+def elastic_run(base: Path, fits: list[str]) -> ScenarioRun:
+    """The elastic scenario's `fits` (of STRATEGIES and ACTS), one after the other on one
+    simulated cluster: their outcomes and runs under `base`."""
+    return ScenarioRun("elastic", [str(base / "runs"), str(base), ",".join(fits)], timeout_s=750)
 
 
 def node_loss_run(base: Path, storage: dict[str, str]) -> ScenarioRun:

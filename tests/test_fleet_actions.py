@@ -1,21 +1,25 @@
 """When the fleet acts: alarms that restart the worker group, capture stacks or stop the fit.
 
-One fit on the session's Ray cluster (gloo, CPU) carries four faults, one per attempt, each
-injected by the test's loop (tests/loops.py), never by a switch in the package; each fires once
-per fit, whichever attempt reaches its step first (`once_dir`):
+One fit on a simulated multi-node cluster (tests/scenarios/acts.py, run by the elastic scenario
+on its cluster after the elastic fits, beside the node-loss scenario: tests/scenario_runs.py),
+its two ranks on two worker nodes, as the one trial of a Ray Tune sweep, carries four faults,
+one per attempt, each injected by the test's loop (tests/loops.py), never by a switch in the
+package; each fires once per fit, whichever attempt reaches its step first:
 
     attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
                 -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
                    after the replicas stopped agreeing)
     attempt 1   rank 1 blocks forever before step 32's backward: `hang` after hang_after_s
-                -> diagnose (py-spy: the stuck rank's stack), then reattempt (its worker is ended)
+                -> diagnose (py-spy on rank 1's node: the stuck rank's stack), then reattempt
+                   (its worker is ended)
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
     attempt 3   rank 1's loss is NaN at step 35: `nonfinite` -> stop: `FleetStopError`, which
                 Ray does not retry (max_failures would allow two more restarts)
 
 The tests below read that one fit; the rules themselves (the bound, the choice of checkpoint,
-the settings' checks) are also checked without Ray.
+the settings' checks) are also checked without Ray, and a policy and a diagnose that only logs
+on the session's shared busy fit, with Ray's exported metrics.
 """
 
 from __future__ import annotations
@@ -38,20 +42,23 @@ from ray_ormas._internal.fleet.actions import ActionPlanner, CheckpointBook
 from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
 
 from .loops import digits_loop
-
-HANG_AFTER_S = 4.0
-ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "reattempt"], "nonfinite": "stop"}
+from .scenario_runs import ACTS
+from .scenarios.acts import RUN_NAME
 
 
 @dataclass
 class ActedFit:
     storage: Path
-    error: BaseException
-    seconds: float
+    outcome: dict
 
     @property
     def run_dir(self) -> Path:
-        return self.storage / "acts"
+        return self.storage / RUN_NAME
+
+    @property
+    def error(self) -> str:
+        """The message of the error fit() raised."""
+        return self.outcome["raised"]["message"]
 
     def actions(self) -> list[dict]:
         return [
@@ -63,46 +70,30 @@ class ActedFit:
 
 
 @pytest.fixture(scope="module")
-def acted(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> ActedFit:
-    storage = tmp_path_factory.mktemp("acts")
-    once = tmp_path_factory.mktemp("acts-once")
-    trainer = RayOrmasTrainer(
-        digits_loop,
-        check_every=5,
-        verbose=False,
-        train_loop_config={
-            "steps": 60,
-            "tiny": True,
-            "resume": True,
-            "ormas_checkpoint": True,
-            "report_at": [10, 20, 30, 40, 50],
-            "once_dir": str(once),
-            "nudge_rank": 1,
-            "nudge_at": 22,
-            "block_rank": 1,
-            "block_at": 32,
-            "hang_rank": 1,
-            "hang_at": 34,
-            "nan_rank": 1,
-            "nan_at": 35,
-        },
-        fleet=FleetSettings(actions=ACTIONS, hang_after_s=HANG_AFTER_S),
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="acts", storage_path=str(storage), failure_config=FailureConfig(max_failures=5)),
-    )
-    started = time.monotonic()
-    with pytest.raises(ray_ormas.FleetStopError) as stopped:
-        trainer.fit()
-    return ActedFit(storage, stopped.value, time.monotonic() - started)
+def acted(multi_node) -> ActedFit:
+    """The fit of tests/scenarios/acts.py, run on the elastic scenario's simulated cluster."""
+    run, base, _ = multi_node["elastic"]
+    log = run.wait()
+    assert (base / f"{ACTS}.json").is_file(), log[-4000:]
+    outcome = json.loads((base / f"{ACTS}.json").read_text())
+    assert "error" not in outcome and "raised" in outcome, (outcome, log[-4000:])
+    return ActedFit(base / "runs" / ACTS, outcome)
 
 
 @pytest.mark.timeout(400)
 def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_rank_node_and_step(acted):
-    message = str(acted.error)
+    message = acted.error
     [nonfinite] = [a for a in acted.alarms() if a["kind"] == "nonfinite"]
     assert "nonfinite alarm" in message and "rank 1 on node" in message and "run step 35" in message, message
     assert nonfinite["node"] in message and nonfinite["ranks"] == [1] and nonfinite["run_step"] == 35
-    assert isinstance(acted.error, ray_ormas.RayOrmasError)
+    # The fit ran as a Ray Tune trial: the trial's error is the FleetStopError fit() raised (a
+    # RayOrmasError), and Tune (max_failures 0, its default) did not run the trial again.
+    raised = acted.outcome["raised"]
+    assert raised["fleet_stop"] and raised["ray_ormas_error"], raised
+    assert len(ray_ormas.open_records(acted.run_dir).fleets()) == 1  # one fit: no second one by Tune
+    # The ranks ran on two nodes, neither of them the head (the scenario's nodes have the slots).
+    first_two = list(acted.outcome["starts"].values())[:2]
+    assert len(set(first_two)) == 2, acted.outcome["starts"]
     # Ray did not retry it: four attempts, though max_failures=5 would have allowed more.
     attempts = ray_ormas.open_records(acted.run_dir).fleet_attempts().to_pylist()
     assert [a["attempt"] for a in attempts] == [0, 1, 2, 3]
@@ -161,7 +152,7 @@ def test_a_hang_error_lands_in_the_fleet_record(acted):
 
 
 @pytest.mark.timeout(400)
-def test_actions_are_in_mlflow_and_rays_metrics(acted):
+def test_actions_are_in_mlflow(acted):
     client = MlflowClient(tracking_uri=f"sqlite:///{acted.run_dir / 'mlflow' / 'mlflow.db'}")
     [run] = client.search_runs(client.search_experiments()[0].experiment_id)
     for kind, step in (("divergence", 25), ("nonfinite", 35)):
@@ -171,18 +162,6 @@ def test_actions_are_in_mlflow_and_rays_metrics(acted):
     [fit_id] = ray_ormas.open_records(acted.run_dir).fleets()  # the stacks, with the fleet record, as artifacts
     uploaded = [a.path for a in client.list_artifacts(run.info.run_id, f"ormas/fleet/{fit_id}")]
     assert f"ormas/fleet/{fit_id}/stacks.jsonl" in uploaded and f"ormas/fleet/{fit_id}/actions.jsonl" in uploaded
-    import ray
-
-    # Ray's own metrics, as Prometheus scrapes them from the head node's metrics agent: the
-    # fleet's gauges and alarm counter, and the actions' counter.
-    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
-    names, text, deadline = [ACTIONS_EXPORTED, *EXPORTED.values()], "", time.monotonic() + 60
-    while not all(name in text for name in names) and time.monotonic() < deadline:
-        time.sleep(2)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for name in names:
-        assert name in text, f"{name} is not among Ray's exported metrics"
-    assert 'action="reattempt"' in text and 'kind="divergence"' in text and 'run="acts"' in text
 
 
 # ------------------------------------------------------------------ on the shared busy fit (tests/shared_fits.py)
@@ -196,6 +175,23 @@ def test_a_policy_of_your_own_sees_every_check_and_its_action_is_carried_out(bus
     assert (action["action"], action["diagnose"], action["run_step"], action["outcome"]) == ("log", True, 15, "done")
     assert action["diagnosed"] == "stacks of ranks 1"
     assert "digits_loop" in action["stacks"]["1"], action["stacks"]  # rank 1, in the test's loop
+
+
+@pytest.mark.timeout(300)
+def test_the_fleet_and_its_actions_are_in_rays_metrics(busy_fit):
+    import ray
+
+    # Ray's own metrics, as Prometheus scrapes them from the head node's metrics agent: the
+    # fleet's gauges and alarm counter, and the actions' counter (the busy fit's diagnoses,
+    # carried out as "log": they only take stacks).
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+    names, text, deadline = [ACTIONS_EXPORTED, *EXPORTED.values()], "", time.monotonic() + 60
+    while not all(name in text for name in names) and time.monotonic() < deadline:
+        time.sleep(2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for name in names:
+        assert name in text, f"{name} is not among Ray's exported metrics"
+    assert 'action="log"' in text and 'kind="hang"' in text and 'run="busy"' in text
 
 
 @pytest.mark.timeout(300)

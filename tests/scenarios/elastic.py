@@ -1,4 +1,5 @@
-"""Elastic fits through a real resize: `python -m tests.scenarios.elastic STORAGE OUT_DIR STRATEGY[,STRATEGY]`.
+"""Elastic fits through a real resize, then the fleet's actions, on one simulated cluster:
+`python -m tests.scenarios.elastic STORAGE OUT_DIR FIT[,FIT...]`.
 
 `ray.cluster_utils.Cluster` starts a head node (the driver, Ray Train's controller, the run ledger)
 and two worker nodes with one training slot each. Each fit asks for
@@ -16,11 +17,12 @@ checkpoint:
 Once the 1-worker attempt has trained and checkpointed, a node is added again, and Ray Train
 grows the group back to 2 (its elastic policy reads the cluster through Ray Data's autoscaling
 coordinator, which looks every 20 s). The loop (tests/loops.py `elastic_loop`) stops two epochs
-into the grown attempt (the FSDP fit returns there). The strategies ("ddp", "fsdp") run one
-after the other on the same cluster, each fit on the two worker nodes the previous one left;
-each writes its run to STORAGE/STRATEGY/elastic and its outcome to OUT_DIR/STRATEGY.json for
-tests/test_elastic.py. `Cluster.add_node` works only from the main thread, so `fit()` runs in a
-background thread. The cluster is always shut down.
+into the grown attempt (the FSDP fit returns there). The fits named ("ddp", "fsdp", and "acts":
+the fleet's actions, tests/scenarios/acts.py) run one after the other on the same cluster, each
+on the two worker nodes the previous one left; each writes its run to STORAGE/FIT and its
+outcome to OUT_DIR/FIT.json for tests/test_elastic.py and tests/test_fleet_actions.py.
+`Cluster.add_node` works only from the main thread, so an elastic `fit()` runs in a background
+thread. The cluster is always shut down.
 """
 
 from __future__ import annotations
@@ -40,34 +42,37 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray_ormas import BatchSize, FleetSettings, FleetStopError, RayOrmasTrainer, open_records
 from tests.loops import elastic_loop
 from tests.scenarios import FAST_NODE_DEATH
+from tests.scenarios.acts import acts_fit
 
 WORKER_NODE = {"num_cpus": 1, "resources": {"train_slot": 1}}
 DEADLINE_S = 300
 SHRINK = {"ddp": "evict", "fsdp": "remove"}  # how each strategy's fit loses a worker node
 
 
-def main(storage_root: str, out_dir: str, strategies: str = "ddp") -> None:
+def main(storage_root: str, out_dir: str, fits: str = "ddp") -> None:
+    """Run `fits` (a comma-separated list of "ddp", "fsdp", "acts") one after the other."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
     # After the node is gone, Ray may first try the old size again (the coordinator's view is
     # up to 20 s old): let that try give up in 10 s rather than the default 60 s.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "10"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_NODE_DEATH})
+    head = {"num_cpus": 1, "resources": {"trial_slot": 1}, "_system_config": FAST_NODE_DEATH}  # acts.py's trial
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         workers = [cluster.add_node(**WORKER_NODE), cluster.add_node(**WORKER_NODE)]
         ray.init(address=cluster.address, log_to_driver=False)
         previous_returned = True
-        for strategy in strategies.split(","):
-            storage = os.path.join(storage_root, strategy)
+        for fit in fits.split(","):
+            storage = os.path.join(storage_root, fit)
             os.makedirs(storage, exist_ok=True)
             if not previous_returned:  # its fit still runs on the cluster
                 outcome: dict[str, Any] = {"error": "scenario: not run, the previous fit did not return"}
             else:
                 try:
-                    outcome = resize_one_fit(cluster, workers, storage, strategy)
+                    outcome = acts_fit(storage) if fit == "acts" else resize_one_fit(cluster, workers, storage, fit)
                 except BaseException as e:
                     outcome = {"error": f"scenario: {type(e).__name__}: {e}"}
                 previous_returned = bool(outcome.get("finished"))
-            (Path(out_dir) / f"{strategy}.json").write_text(json.dumps(outcome, default=str))
+            (Path(out_dir) / f"{fit}.json").write_text(json.dumps(outcome, default=str))
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -1,0 +1,108 @@
+"""The fleet's actions on a simulated multi-node cluster, run by tests/scenarios/elastic.py on its
+cluster after the elastic fits (fit "acts"), for tests/test_fleet_actions.py.
+
+The cluster's two worker nodes have one training slot each, so the fit's two ranks run on
+different nodes (neither is the head); the head has the one `trial_slot`, for the trial's actor.
+One fit carries four faults, one per attempt, each injected by the test's loop (tests/loops.py
+`digits_loop`), never by a switch in the package; each fires once per fit, whichever attempt
+reaches its step first (`once_dir`):
+
+    attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
+                -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
+                   after the replicas stopped agreeing)
+    attempt 1   rank 1 blocks forever before step 32's backward: `hang` after hang_after_s
+                -> diagnose (py-spy, on rank 1's node: the stuck rank's stack), then reattempt
+                   (its worker, on that node, is ended)
+    attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
+                (no action: Ray's own failure policy restarts the group)
+    attempt 3   rank 1's loss is NaN at step 35: `nonfinite` -> stop: `FleetStopError`, which
+                Ray does not retry (max_failures would allow two more restarts)
+
+The fit runs as the one trial of a Ray Tune sweep, as a fit in a sweep runs (the trainable
+builds the trainer with `TuneReportCallback` and calls `fit()`), so every action here is also
+carried out inside a Tune trial: the stop ends the trial, whose error Tune keeps. Each rank
+writes its node's id when it starts (`node_log`), so the test knows where each attempt ran. The
+outcome (the trial's error, the sweep's seconds, the nodes) goes to the scenario's JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from ray_ormas import FleetSettings, FleetStopError, RayOrmasError, RayOrmasTrainer
+from tests.loops import digits_loop
+
+HANG_AFTER_S = 4.0
+ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "reattempt"], "nonfinite": "stop"}
+RUN_NAME = "acts"
+
+
+def acts_fit(storage: str) -> dict[str, Any]:
+    """The sweep described above, its trial's fit on the cluster's two worker nodes (one
+    `train_slot` each)."""
+    once, node_log = Path(storage) / "once", Path(storage) / "nodes"
+    once.mkdir(parents=True, exist_ok=True)
+    node_log.mkdir(parents=True, exist_ok=True)
+    loop_config = {
+        "steps": 60,
+        "tiny": True,
+        "resume": True,
+        "ormas_checkpoint": True,
+        "report_at": [10, 20, 30, 40, 50],
+        "once_dir": str(once),
+        "node_log": str(node_log),
+        "nudge_rank": 1,
+        "nudge_at": 22,
+        "block_rank": 1,
+        "block_at": 32,
+        "hang_rank": 1,
+        "hang_at": 34,
+        "nan_rank": 1,
+        "nan_at": 35,
+    }
+
+    def trainable(config: dict[str, Any]) -> None:
+        RayOrmasTrainer(
+            digits_loop,
+            check_every=5,
+            verbose=False,
+            train_loop_config=loop_config,
+            fleet=FleetSettings(actions=ACTIONS, hang_after_s=HANG_AFTER_S),
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "train_slot": 1}),
+            run_config=RunConfig(
+                name=RUN_NAME,
+                storage_path=storage,
+                failure_config=FailureConfig(max_failures=5),
+                callbacks=[TuneReportCallback()],
+            ),
+        ).fit()
+
+    started = time.monotonic()
+    outcome: dict[str, Any] = {}
+    try:
+        # The trial's own actor (the fit's driver) on the head node, which alone has a `trial_slot`.
+        on_head = tune.with_resources(trainable, tune.PlacementGroupFactory([{"CPU": 1, "trial_slot": 1}]))
+        [trial] = tune.Tuner(on_head, run_config=tune.RunConfig(name="sweep", storage_path=storage)).fit()
+        error = trial.error
+        if error is None:
+            outcome["error"] = "the trial ended without an error: a FleetStopError was expected"
+        else:
+            outcome["raised"] = {
+                "type": type(error).__name__,
+                "message": str(error),
+                "fleet_stop": isinstance(error, FleetStopError),
+                "ray_ormas_error": isinstance(error, RayOrmasError),
+            }
+    except BaseException as e:  # reported to the test, which fails on it
+        outcome["error"] = f"{type(e).__name__}: {e}"
+    outcome["seconds"] = round(time.monotonic() - started, 1)
+    outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
+    outcome["finished"] = True
+    return outcome
