@@ -198,6 +198,22 @@ def evict_rank_1_then_stop_the_grown_attempt(view: ray_ormas.FleetView) -> ray_o
     return None
 
 
+def reattempt_the_grown_attempt_once(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own for an elastic fit (tests/scenarios/elastic.py): at the
+    third attempt's (the group grown back) check 2, it asks to restart the group."""
+    if view.attempt == 2 and view.check == 2:
+        return ray_ormas.FleetAction("reattempt", ranks=[0], reason="the grown attempt reached check 2")
+    return None
+
+
+def evict_rank_1_in_the_fourth_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own for tests/scenarios/acts.py: at the fourth attempt's check
+    1, it asks to evict rank 1's node."""
+    if view.attempt == 3 and view.check == 1:
+        return ray_ormas.FleetAction("evict", ranks=[1], reason="attempt 3 reached check 1")
+    return None
+
+
 def block_forever_before_backward() -> None:
     """A rank stuck in Python (the name its stack shows)."""
     import threading

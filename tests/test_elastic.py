@@ -3,8 +3,8 @@
 The resizes run on their own simulated multi-node cluster in a subprocess (tests/scenarios/elastic.py),
 one fit per strategy, one after the other: 2 workers, a node lost (DDP: the fleet's policy takes
 rank 1's stacks and evicts its node; FSDP: the node is removed), so Ray restarts the group at 1;
-a node added (Ray grows it back to 2). The DDP fit then ends with the policy's `stop`; the FSDP
-fit returns. It runs beside the node-loss scenario
+a node added (Ray grows it back to 2). The DDP fit then ends with its policy's `stop`; the FSDP
+fit's policy restarts the grown group once (`reattempt`), and the fit returns. It runs beside the node-loss scenario
 (tests/scenario_runs.py); its process group is killed if it hangs.
 The bad-input tests need no Ray cluster.
 """
@@ -44,6 +44,7 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     outcome, storage = json.loads((base / f"{strategy}.json").read_text()), base / "runs" / strategy
     assert "error" not in outcome and outcome["finished"], (outcome, log[-4000:])
     stopped = strategy == "ddp"  # the DDP fit ends with the fleet policy's stop, once grown back
+    worlds = [2, 1, 2] if stopped else [2, 1, 2, 2]  # the FSDP fit's policy restarts the grown group
     if stopped:
         assert "policy alarm" in outcome["stopped"] and "rank 0" in outcome["stopped"], outcome
     else:  # the grown attempt trained 2 epochs of 8 steps at 32 samples per rank (the global 64 split)
@@ -53,21 +54,21 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     # run step continues across sizes, and every segment that was closed verifies.
     records = open_records(storage / "elastic")
     segments = records.segments()
-    assert [s.link["world_size"] for s in segments] == [2, 1, 2], [s.link for s in segments]
-    assert [s.link["batch"]["per_rank"] for s in segments] == [32, 64, 32]
+    assert [s.link["world_size"] for s in segments] == worlds, [s.link for s in segments]
+    assert [s.link["batch"]["per_rank"] for s in segments] == [64 // w for w in worlds]
     assert {s.link["batch"]["effective"] for s in segments} == {64}
-    assert [s.link["attempt"] for s in segments] == [0, 1, 2]
+    assert [s.link["attempt"] for s in segments] == list(range(len(worlds)))
     offsets = [s.step_offset for s in segments]
-    assert offsets[0] == 0 and offsets[1] % 8 == 0 and offsets[2] > offsets[1] and offsets[2] % 8 == 0
-    assert segments[1].link["previous"]["segment"] == "segment-000"
-    assert segments[2].link["previous"]["segment"] == "segment-001"
-    assert segments[2].complete and segments[1].complete is not None
-    assert ("FleetStopError" in str(segments[2].error)) == stopped, segments[2].error
+    assert offsets[0] == 0 and all(o % 8 == 0 for o in offsets) and offsets[2] > offsets[1], offsets
+    assert [s.link["previous"]["segment"] for s in segments[1:]] == [f"segment-00{i}" for i in range(len(worlds) - 1)]
+    assert segments[-1].complete and segments[1].complete is not None
+    assert ("FleetStopError" in str(segments[-1].error)) == stopped, segments[-1].error
     for seg in segments:
         if seg.complete:
             assert verify_run(seg.path).ok, seg.path
     if not stopped:
-        assert outcome["final"]["ormas/segments"] == 3 and outcome["final"]["ormas/run_step"] == offsets[2] + 16
+        assert outcome["final"]["ormas/segments"] == 4 and outcome["final"]["ormas/run_step"] == offsets[3] + 16
+        assert offsets[3] > offsets[2]  # the restart resumed from a checkpoint of the grown attempt
 
     # The fleet: the resizes are events in its record, not alarms; each check compares the ranks
     # of its own attempt (an attempt at 1 worker has nothing to compare).
@@ -76,14 +77,18 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
         ("start", 2, None),
         ("resize", 1, 2),
         ("resize", 2, 1),
+        *([] if stopped else [("restart", 2, None)]),
     ]
     assert [a["run_step"] for a in attempts] == offsets
     # Actions were configured (divergence: reattempt, nonfinite: stop) and none of them fired:
     # each rank of every size read the head's answer at every check.
     alarms = records.fleet_alarms().to_pylist()
     actions = [json.loads(line) for line in records.fleet_actions().column("line").to_pylist()]
-    if not stopped:  # the node was removed: no alarm, no action
-        assert alarms == [] and actions == []
+    if not stopped:  # the node was removed (no alarm); the policy's restart, at the same size
+        assert [(a["kind"], a["attempt"], a["ranks"]) for a in alarms] == [("policy", 2, [0])]
+        [restart] = actions
+        assert (restart["action"], restart["outcome"], restart["attempt"]) == ("reattempt", "done", 2), restart
+        assert restart["resumed_run_step"] == offsets[3] and 0 < restart["seconds"] < 120
     else:  # the policy's evict, then its stop
         assert [(a["kind"], a["attempt"], a["ranks"]) for a in alarms] == [("policy", 0, [1]), ("policy", 2, [0])]
         evict, stop = actions
@@ -102,7 +107,7 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     for row in checks.to_pylist():
         ranks_per_check.setdefault((row["attempt"], row["check"]), set()).add(row["rank"])
         digests.setdefault((row["attempt"], row["check"]), set()).add(row["digest"])
-    assert {a for a, _ in ranks_per_check} == {0, 1, 2}
+    assert {a for a, _ in ranks_per_check} == set(range(len(worlds)))
     assert all(ranks == ({0} if a == 1 else {0, 1}) for (a, _), ranks in ranks_per_check.items())
     if strategy == "ddp":  # replicas: equal within each attempt's check (FSDP shards differ by design)
         assert all(len(d) == 1 for d in digests.values()), digests
@@ -116,7 +121,7 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     assert run.info.status == ("FAILED" if stopped else "FINISHED")
     assert run.info.run_id == outcome.get("mlflow_run_id", run.info.run_id)
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ormas/world_size"))
-    assert history == [(0, 2.0), (offsets[1], 1.0), (offsets[2], 2.0)]
+    assert history == [(o, float(w)) for o, w in zip(offsets, worlds)]
     assert run.data.params["scaling.num_workers"] == "[1, 2]"
 
 

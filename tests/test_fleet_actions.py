@@ -2,9 +2,9 @@
 
 One fit on a simulated multi-node cluster (tests/scenarios/acts.py, run by the elastic scenario
 on its cluster after the elastic fits, beside the node-loss scenario: tests/scenario_runs.py),
-its two ranks on two worker nodes, as the one trial of a Ray Tune sweep, carries four faults,
-one per attempt, each injected by the test's loop (tests/loops.py), never by a switch in the
-package; each fires once per fit, whichever attempt reaches its step first:
+its two ranks on two worker nodes of three, as the one trial of a Ray Tune sweep, carries five
+faults, one per attempt, each injected by the test's loop (tests/loops.py) or its policy, never
+by a switch in the package:
 
     attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
                 -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
@@ -14,8 +14,9 @@ package; each fires once per fit, whichever attempt reaches its step first:
                    (its worker is ended)
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
-    attempt 3   rank 1's loss is NaN at step 35: `nonfinite` -> stop: `FleetStopError`, which
-                Ray does not retry (max_failures would allow two more restarts)
+    attempt 3   the test's policy evicts rank 1's node: drained, the group restarts on the spare
+    attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
+                neither Ray nor Tune retries (max_failures would allow one more restart)
 
 The tests below read that one fit; the rules themselves (the bound, the choice of checkpoint,
 the settings' checks) are also checked without Ray, and a policy and a diagnose that only logs
@@ -84,8 +85,8 @@ def acted(multi_node) -> ActedFit:
 def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_rank_node_and_step(acted):
     message = acted.error
     [nonfinite] = [a for a in acted.alarms() if a["kind"] == "nonfinite"]
-    assert "nonfinite alarm" in message and "rank 1 on node" in message and "run step 35" in message, message
-    assert nonfinite["node"] in message and nonfinite["ranks"] == [1] and nonfinite["run_step"] == 35
+    assert "nonfinite alarm" in message and "rank 1 on node" in message and "run step 45" in message, message
+    assert nonfinite["node"] in message and nonfinite["ranks"] == [1] and nonfinite["run_step"] == 45
     # The fit ran as a Ray Tune trial: the trial's error is the FleetStopError fit() raised (a
     # RayOrmasError), and Tune (max_failures 0, its default) did not run the trial again.
     raised = acted.outcome["raised"]
@@ -94,15 +95,15 @@ def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_ran
     # The ranks ran on two nodes, neither of them the head (the scenario's nodes have the slots).
     first_two = list(acted.outcome["starts"].values())[:2]
     assert len(set(first_two)) == 2, acted.outcome["starts"]
-    # Ray did not retry it: four attempts, though max_failures=5 would have allowed more.
+    # Ray did not retry it: five attempts, though max_failures=5 would have allowed more.
     attempts = ray_ormas.open_records(acted.run_dir).fleet_attempts().to_pylist()
-    assert [a["attempt"] for a in attempts] == [0, 1, 2, 3]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2, 3, 4]
     stop = next(a for a in acted.actions() if a["alarm"] == "nonfinite")
     assert (stop["action"], stop["outcome"], stop["ranks"]) == ("stop", "done", [1])
     # Every rank raised at the same check, so rank 0 closed the last segment: it verifies.
     records = ray_ormas.open_records(acted.run_dir)
     last = records.segments("model")[-1]
-    assert last.attempt == 3
+    assert last.attempt == 4
     assert verify_run(acted.run_dir / "ormas" / "model" / Path(last.path).name).ok
 
 
@@ -143,6 +144,22 @@ def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restar
 
 
 @pytest.mark.timeout(400)
+def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
+    # Each attempt's two ranks wrote their node when they started, in that order.
+    starts = list(acted.outcome["starts"].items())
+    nodes = [{name.rsplit("-", 1)[1]: node for name, node in starts[i : i + 2]} for i in range(0, len(starts), 2)]
+    assert len(nodes) == 5 and all(set(n) == {"rank0", "rank1"} for n in nodes), starts
+    [asked] = [a for a in acted.alarms() if a["kind"] == "policy"]
+    assert (asked["attempt"], asked["ranks"]) == (3, [1])
+    evict = next(a for a in acted.actions() if a["alarm"] == "policy")
+    assert (evict["action"], evict["outcome"], evict["evicted_ids"]) == ("evict", "done", [nodes[3]["rank1"]]), evict
+    # The next attempt ran without it (on the node left and the spare); Ray has let it go.
+    assert nodes[3]["rank1"] not in nodes[4].values() and len(set(nodes[4].values())) == 2
+    assert acted.outcome["alive"][nodes[3]["rank1"]] is False
+    assert evict["resumed_run_step"] >= evict["checkpoint_run_step"] == 30 and 0 < evict["seconds"] < 120
+
+
+@pytest.mark.timeout(400)
 def test_a_hang_error_lands_in_the_fleet_record(acted):
     # Ray's NCCL hang detector needs NCCL (GPUs); on CPU the loop raises the same error class.
     nccl = [a for a in acted.alarms() if a["kind"] == "nccl_hang"]
@@ -155,7 +172,7 @@ def test_a_hang_error_lands_in_the_fleet_record(acted):
 def test_actions_are_in_mlflow(acted):
     client = MlflowClient(tracking_uri=f"sqlite:///{acted.run_dir / 'mlflow' / 'mlflow.db'}")
     [run] = client.search_runs(client.search_experiments()[0].experiment_id)
-    for kind, step in (("divergence", 25), ("nonfinite", 35)):
+    for kind, step in (("divergence", 25), ("nonfinite", 45)):
         [logged] = client.get_metric_history(run.info.run_id, f"fleet/actions/{kind}")
         assert (logged.value, logged.step) == (1.0, step)
     assert client.get_metric_history(run.info.run_id, "fleet/actions/hang")
@@ -296,9 +313,9 @@ def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys):
     assert "action: reattempt after the divergence alarm on ranks 1 at run step 25: done" in out, out
     assert "resumed at run step 20" in out
     assert "action: diagnose, then reattempt after the hang alarm" in out and "stacks of ranks" in out
-    assert "action: stop after the nonfinite alarm on ranks 1 at run step 35: done" in out
+    assert "action: stop after the nonfinite alarm on ranks 1 at run step 45: done" in out
     page = (acted.run_dir / "ormas" / "run.html").read_text()
-    assert page.count("<li class='action'") == 3 and "data-action='stop'" in page
+    assert page.count("<li class='action'") == 4 and "data-action='stop'" in page
 
 
 def test_a_policy_that_raises_or_answers_wrong_is_named_once_and_not_called_again(tmp_path):

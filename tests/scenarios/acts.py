@@ -1,10 +1,11 @@
 """The fleet's actions on a simulated multi-node cluster, run by tests/scenarios/elastic.py on its
 cluster after the elastic fits (fit "acts"), for tests/test_fleet_actions.py.
 
-The cluster's two worker nodes have one training slot each, so the fit's two ranks run on
-different nodes (neither is the head); the head has the one `trial_slot`, for the trial's actor.
-One fit carries four faults, one per attempt, each injected by the test's loop (tests/loops.py
-`digits_loop`), never by a switch in the package; each fires once per fit, whichever attempt
+The cluster's worker nodes have one training slot each, so the fit's two ranks run on
+different nodes (neither is the head); a third is added first, the spare an evict restarts on.
+The head has the one `trial_slot`, for the trial's actor. One fit carries five faults, one per
+attempt, each injected by the test's loop (tests/loops.py `digits_loop`) or the test's policy,
+never by a switch in the package; each of the loop's fires once per fit, whichever attempt
 reaches its step first (`once_dir`):
 
     attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
@@ -15,8 +16,10 @@ reaches its step first (`once_dir`):
                    (its worker, on that node, is ended)
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
-    attempt 3   rank 1's loss is NaN at step 35: `nonfinite` -> stop: `FleetStopError`, which
-                Ray does not retry (max_failures would allow two more restarts)
+    attempt 3   the policy (`evict_rank_1_in_the_fourth_attempt`) asks at check 1 to evict rank
+                1's node: it is drained, and the group restarts on the node left and the spare
+    attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
+                Ray does not retry (max_failures would allow one more restart)
 
 The fit runs as the one trial of a Ray Tune sweep, as a fit in a sweep runs (the trainable
 builds the trainer with `TuneReportCallback` and calls `fit()`), so every action here is also
@@ -32,24 +35,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
+from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from ray_ormas import FleetSettings, FleetStopError, RayOrmasError, RayOrmasTrainer
 from tests.loops import digits_loop
+from tests.scenarios import alive, forget
 
 HANG_AFTER_S = 4.0
+POLICY = "tests.loops:evict_rank_1_in_the_fourth_attempt"
 ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "reattempt"], "nonfinite": "stop"}
 RUN_NAME = "acts"
 
 
-def acts_fit(storage: str) -> dict[str, Any]:
-    """The sweep described above, its trial's fit on the cluster's two worker nodes (one
-    `train_slot` each)."""
+def acts_fit(cluster: Cluster, workers: list[Any], worker_node: dict[str, Any], storage: str) -> dict[str, Any]:
+    """The sweep described above, its trial's fit on `workers` and a spare node added now
+    (`worker_node`'s arguments: one `train_slot` each); the drained node is forgotten after."""
     once, node_log = Path(storage) / "once", Path(storage) / "nodes"
     once.mkdir(parents=True, exist_ok=True)
     node_log.mkdir(parents=True, exist_ok=True)
+    workers.append(cluster.add_node(**worker_node))
+    cluster.wait_for_nodes()
     loop_config = {
         "steps": 60,
         "tiny": True,
@@ -65,7 +74,7 @@ def acts_fit(storage: str) -> dict[str, Any]:
         "hang_rank": 1,
         "hang_at": 34,
         "nan_rank": 1,
-        "nan_at": 35,
+        "nan_at": 45,
     }
 
     def trainable(config: dict[str, Any]) -> None:
@@ -74,7 +83,7 @@ def acts_fit(storage: str) -> dict[str, Any]:
             check_every=5,
             verbose=False,
             train_loop_config=loop_config,
-            fleet=FleetSettings(actions=ACTIONS, hang_after_s=HANG_AFTER_S),
+            fleet=FleetSettings(actions=ACTIONS, hang_after_s=HANG_AFTER_S, policy=POLICY, max_actions=4),
             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "train_slot": 1}),
             run_config=RunConfig(
                 name=RUN_NAME,
@@ -104,5 +113,7 @@ def acts_fit(storage: str) -> dict[str, Any]:
         outcome["error"] = f"{type(e).__name__}: {e}"
     outcome["seconds"] = round(time.monotonic() - started, 1)
     outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
+    outcome["alive"] = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
     outcome["finished"] = True
+    forget(cluster, workers, alive(workers))
     return outcome

@@ -12,7 +12,8 @@ checkpoint:
            drains that node; with nowhere else to go, the group comes back smaller. Once the
            group has grown back, the same policy stops the fit (`FleetStopError`).
     fsdp   the node is removed (its raylet and every process on it die) once the fit's first
-           checkpoint is registered.
+           checkpoint is registered. Once the group has grown back, the fit's policy
+           (`reattempt_the_grown_attempt_once`) restarts it once, at the same size.
 
 Once the 1-worker attempt has trained and checkpointed, a node is added again, and Ray Train
 grows the group back to 2 (its elastic policy reads the cluster through Ray Data's autoscaling
@@ -41,12 +42,16 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 from ray_ormas import BatchSize, FleetSettings, FleetStopError, RayOrmasTrainer, open_records
 from tests.loops import elastic_loop
-from tests.scenarios import FAST_NODE_DEATH
+from tests.scenarios import FAST_NODE_DEATH, alive, forget
 from tests.scenarios.acts import acts_fit
 
 WORKER_NODE = {"num_cpus": 1, "resources": {"train_slot": 1}}
 DEADLINE_S = 300
 SHRINK = {"ddp": "evict", "fsdp": "remove"}  # how each strategy's fit loses a worker node
+POLICY = {  # each strategy's fleet policy (tests/loops.py)
+    "ddp": "tests.loops:evict_rank_1_then_stop_the_grown_attempt",
+    "fsdp": "tests.loops:reattempt_the_grown_attempt_once",
+}
 
 
 def main(storage_root: str, out_dir: str, fits: str = "ddp") -> None:
@@ -68,7 +73,10 @@ def main(storage_root: str, out_dir: str, fits: str = "ddp") -> None:
                 outcome: dict[str, Any] = {"error": "scenario: not run, the previous fit did not return"}
             else:
                 try:
-                    outcome = acts_fit(storage) if fit == "acts" else resize_one_fit(cluster, workers, storage, fit)
+                    if fit == "acts":
+                        outcome = acts_fit(cluster, workers, WORKER_NODE, storage)
+                    else:
+                        outcome = resize_one_fit(cluster, workers, storage, fit)
                 except BaseException as e:
                     outcome = {"error": f"scenario: {type(e).__name__}: {e}"}
                 previous_returned = bool(outcome.get("finished"))
@@ -96,11 +104,8 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         verbose=False,
         strategy=strategy,
         batch=BatchSize(64, per="global"),
-        # Actions that nothing here fires, and (ddp) the policy that evicts a node, then stops the fit.
-        fleet=FleetSettings(
-            actions={"divergence": "reattempt", "nonfinite": "stop"},
-            policy="tests.loops:evict_rank_1_then_stop_the_grown_attempt" if shrink == "evict" else None,
-        ),
+        # Actions that nothing here fires, and the policy that acts (see the module docstring).
+        fleet=FleetSettings(actions={"divergence": "reattempt", "nonfinite": "stop"}, policy=POLICY[strategy]),
         scaling_config=ScalingConfig(
             num_workers=(1, 2),
             resources_per_worker={"CPU": 1, "train_slot": 1},
@@ -174,22 +179,6 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
     outcome["finished"] = not thread.is_alive()
     outcome["timeline"] = timeline
     return outcome
-
-
-def alive(nodes: list[Any]) -> list[Any]:
-    """The nodes of `nodes` that Ray counts as alive."""
-    living = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    return [node for node in nodes if node.node_id in living]
-
-
-def forget(cluster: Cluster, workers: list[Any], keep: list[Any]) -> None:
-    """Drop the worker nodes not in `keep` from `workers` and from the cluster's own list."""
-    for node in [w for w in workers if w not in keep]:
-        workers.remove(node)
-        try:
-            cluster.remove_node(node, allow_graceful=False)
-        except Exception:  # its raylet has already left
-            pass
 
 
 if __name__ == "__main__":
