@@ -59,7 +59,8 @@ class FleetSettings:
             default, 600 s).
         hang_after_s: the head's own hang watch, on any backend: a `hang` alarm when no rank
             has reached a new check for this many seconds (None: 10 times the longest interval
-            between checks so far, at least 120 s; see docs/fleet-health.md).
+            between checks so far, at least 120 s). Between an attempt's first check and its
+            second (its warm-up) the bound is at least 120 s; see docs/fleet-health.md.
         actions: what an alarm does, by its kind (`straggler`, `divergence`, `nonfinite`,
             `unreadable`, `hang`): "log" (the default for every kind: name it), "reattempt"
             (restart the worker group from a checkpoint through Ray's failure path), "evict" (drain
@@ -114,7 +115,8 @@ class FleetSettings:
         gt=0,
         allow_inf_nan=False,
         description="a `hang` alarm when no rank has reached a new check for this many seconds "
-        "(null: 10x the longest interval between checks so far, at least 120 s)",
+        "(null: 10x the longest interval between checks so far, at least 120 s; at least 120 s between "
+        "an attempt's first check and its second)",
     )
 
     actions: dict[str, tuple[str, ...]] = Field(

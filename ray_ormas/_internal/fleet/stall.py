@@ -15,6 +15,11 @@ own pace: `DERIVED_FACTOR` times the longest interval seen so far between one ch
 next in this fit, and never less than `DERIVED_FLOOR_S`. Nothing is watched before an attempt's
 first check (model building and data loading take what they take), between attempts, from a
 report to the next check (a checkpoint upload is not a hang), or once a rank's loop has ended.
+
+The steps between an attempt's first check and its second are its warm-up (the first backward
+passes, lazy allocations, autotuning and compilation of new shapes, a busy node while Ray starts
+the group's processes): there the bound is never less than `WARM_UP_FLOOR_S`, and that interval
+does not count in the run's pace. A rank stuck there is still named, after the floor.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 DERIVED_FACTOR = 10.0
 DERIVED_FLOOR_S = 120.0
+WARM_UP_FLOOR_S = 120.0  # the least bound between an attempt's first check and its second
 
 
 @dataclass
@@ -36,6 +42,7 @@ class StallWatch:
     _attempt: int | None = None
     _ranks: int = 1
     _check: int = -1  # the latest check any rank reached in this attempt
+    _first_check: int | None = None  # the attempt's first check: until a later one, its warm-up
     _step: int | None = None  # its step in the attempt's segment
     _since: float | None = None  # when its first rank reached it
     _reached: set[int] = field(default_factory=set)
@@ -51,7 +58,7 @@ class StallWatch:
             return
         self._attempt, self._ranks = attempt, world or self.world
         self._check, self._step, self._since, self._reached = -1, None, None, set()
-        self._alarmed, self._watching = False, True
+        self._first_check, self._alarmed, self._watching = None, False, True
 
     def attempt_ended(self) -> None:
         """The attempt failed or was stopped: Ray restarts the group or the fit ends."""
@@ -71,18 +78,26 @@ class StallWatch:
             return  # a late word from an attempt that has ended
         if attempt != self._attempt:
             self.attempt_started(attempt)
+        if self._first_check is None:
+            self._first_check = check
         if check > self._check:
-            if self._since is not None and self._check >= 0:  # not across a report
+            if self._since is not None and self._check >= 0 and not self.warming_up():  # not across a report
                 self._longest_gap_s = max(self._longest_gap_s, now - self._since)
             self._check, self._step, self._since, self._reached, self._alarmed = check, step, now, {rank}, False
         elif check == self._check:
             self._reached.add(rank)
 
+    def warming_up(self) -> bool:
+        """Whether no rank has passed the attempt's first check yet (see the module docstring)."""
+        return self._first_check is not None and self._check == self._first_check
+
     def bound_s(self) -> float:
         """Seconds without a new check before the alarm."""
         if self.hang_after_s is not None:
-            return self.hang_after_s
-        return max(DERIVED_FLOOR_S, DERIVED_FACTOR * self._longest_gap_s)
+            bound = self.hang_after_s
+        else:
+            bound = max(DERIVED_FLOOR_S, DERIVED_FACTOR * self._longest_gap_s)
+        return max(bound, WARM_UP_FLOOR_S) if self.warming_up() else bound
 
     def poll(self, now: float) -> dict[str, Any] | None:
         """The hang alarm, once per stall, when no rank has reached a later check for `bound_s()`."""
@@ -95,7 +110,8 @@ class StallWatch:
         self._alarmed = True
         reached = sorted(self._reached)
         missing = sorted(set(range(self._ranks)) - self._reached)
-        return stall_alarm(self._attempt, self._check, self._step, reached, missing, waited, bound)
+        warm_up = self.warming_up()
+        return stall_alarm(self._attempt, self._check, self._step, reached, missing, waited, bound, warm_up)
 
 
 def stall_alarm(
@@ -106,10 +122,12 @@ def stall_alarm(
     missing: list[int],
     waited_s: float,
     bound_s: float,
+    warm_up: bool = False,
 ) -> dict[str, Any]:
     """A fleet alarm for a stall: its `ranks` are those that did not reach the latest check (all
     of them when every rank reached it and none the next), `reached` those that did."""
     stuck = missing or reached
+    why = ", the attempt's warm-up: its first check and none after it" if warm_up else ""
     said = f"ranks {_ranks(reached)} reached check {check}" + (
         f", ranks {_ranks(missing)} did not" if missing else ", and none has reached a later one"
     )
@@ -122,7 +140,7 @@ def stall_alarm(
         "ranks": stuck,
         "reached": reached,
         "node": None,
-        "message": f"no rank has reached a new check for {waited_s:.0f} s (the bound is {bound_s:g} s): {said}",
+        "message": f"no rank has reached a new check for {waited_s:.0f} s (the bound is {bound_s:g} s{why}): {said}",
         "time": time.time(),
     }
 
