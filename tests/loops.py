@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     rank raises Ray's NCCLHangError, as the hang detector would end the group), stall_rank / stall_at /
     stall_s (that rank sleeps between that step's backward and its monitor step: the others pass
     that check and wait for it in the next all-reduce), block_rank / block_at (that rank blocks
-    forever before that step's backward, in `block_forever_before_backward`).
+    forever before that step's backward, in `block_forever_before_backward`), scrape_to /
+    scrape_until (while the loop runs, rank 0 reads the head node's Prometheus endpoint every 2 s,
+    as Prometheus would, into that file, until every one of those strings is in it).
 
     Fleet actions: slow_node (the rank on that node, a hex node id, is the slow_rank: a slow
     node rather than a slow rank), node_log (each rank writes its node's id to a file named
@@ -70,6 +73,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     steps = config.get("steps_by_rank", {}).get(str(rank), config.get("steps", 20))
     gen = torch.Generator().manual_seed(100 + rank)
     spinners = _spinners(config.get("spinners", 0) if rank == 0 else 0)
+    scrape = config.get("scrape_to") if rank == 0 else None
+    scraping = _scrape_while_training(scrape, config["scrape_until"]) if scrape else None
     state = ray_ormas.load_checkpoint(model, opt) if config.get("resume") else None
     once = _Once(config.get("once_dir"))
     node = ray.get_runtime_context().get_node_id()
@@ -131,6 +136,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     for p in spinners:
         p.kill()
         p.wait()
+    if scraping is not None:
+        scraping()
     out: dict[str, Any] = {"model_type": type(model).__name__, "fleet_probe": mon._runtime._probe is not None}
     if isinstance(net, DigitsCNN):
         out["conv2_abs"] = float(net.conv2[0].weight.detach().abs().sum())
@@ -251,6 +258,36 @@ def nan_on_rank(rank: int, model_class: str, at_forward: int) -> None:
         return output
 
     torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def _scrape_while_training(path: str, until: list[str]) -> Any:
+    """A thread that reads the head node's metrics endpoint every 2 s into `path` until every
+    string in `until` is there; returns what ends it (waiting up to 25 s for those strings)."""
+    import urllib.request
+
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])  # one node: the head
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(2.0):
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            except OSError:
+                continue
+            Path(path + ".part").write_text(text)
+            os.replace(path + ".part", path)
+            if all(x in text for x in until):
+                return
+
+    thread = threading.Thread(target=scrape, name="test-metrics-scrape", daemon=True)
+    thread.start()
+
+    def finish() -> None:  # the run's last alarms reach Ray's export within its 10 s interval
+        thread.join(timeout=25)
+        stop.set()
+        thread.join(timeout=15)
+
+    return finish
 
 
 def _spinners(n: int) -> list[subprocess.Popen]:

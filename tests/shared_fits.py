@@ -30,9 +30,11 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   processes that spin while the loop runs), rank 1's weights changed outside DDP after step 22
   (digests), rank 1 stuck for 2.5 times the hang bound between step 100's backward and its check
   (the head's hang watch; one slow check is no straggler), and the loss multiplied by 10^4 from
-  step 150 on every rank (gradients); 200 steps, a check every 5, no MLflow. Read by the fleet
-  tests (no straggler named, divergence at the next check, the hang named) and the strategies
-  test (DDP's gradient alarms fire when gradients explode).
+  step 150 on every rank (gradients); 200 steps, a check every 5, no MLflow. While it trains,
+  rank 0 reads the head node's metrics endpoint as Prometheus would, into `metrics.txt` beside
+  the run (a gauge of a run that ended leaves Ray's export about 20 s later). Read by the fleet
+  tests (no straggler named, divergence at the next check, the hang named, Ray's metrics) and
+  the strategies test (DDP's gradient alarms fire when gradients explode).
 
 * `repaired_example_fit`: examples/digits_ddp.py's `main`, as its test calls it: the lesioned
   digits CNN repaired, 3 epochs on 2 workers, a report per epoch. Read by the examples' test (the
@@ -68,6 +70,7 @@ from ray.train import (
 )
 
 from ray_ormas import BatchSize, FleetSettings, MLflowSettings, RayOrmasResult, RayOrmasTrainer
+from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
 
 from .loops import digits_loop, resume_loop, validate_checkpoint, worker_view_loop
 
@@ -92,7 +95,7 @@ class SharedFit(_Run):
     printed: str = ""
 
 
-HANG_AFTER_S = 4.0  # busy_fit's hang bound (FleetSettings.hang_after_s)
+HANG_AFTER_S = 6.0  # busy_fit's hang bound (FleetSettings.hang_after_s): 5x its longest check interval in CI (1.2 s)
 SECRET = "s3cr3t-t0ken"  # healthy_fit's MLFLOW_TRACKING_TOKEN, and a param's value
 
 
@@ -210,6 +213,8 @@ def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit
             "stall_at": 100,
             "stall_s": HANG_AFTER_S * 2.5,
             "explode_at": 150,
+            "scrape_to": str(storage / "metrics.txt"),
+            "scrape_until": [ACTIONS_EXPORTED, *EXPORTED.values(), 'action="log"', 'kind="hang"', 'run="busy"'],
         },
         # The hang's action and the policy only capture stacks: the training is not changed.
         fleet=FleetSettings(
