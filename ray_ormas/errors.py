@@ -104,5 +104,5 @@ class FleetStopError(RayOrmasError, RuntimeError):
 
 class FleetReattemptError(RayOrmasError, RuntimeError):
     """Raised on every rank at its next check when an alarm's action is `reattempt` (or `evict`,
-    once the nodes are drained): the worker group fails through Ray's own path, and
+    once the nodes are out of the run): the worker group fails through Ray's own path, and
     `FailureConfig` restarts it from a checkpoint."""

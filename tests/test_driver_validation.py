@@ -202,3 +202,25 @@ def test_a_renamed_print_patch_variable_is_said_and_the_fit_goes_on(monkeypatch,
         trainer._say_once.cache_clear()
     [said] = [r.getMessage() for r in caplog.records]
     assert "print patch" in said and "RAY_TRAIN_PATCH_PRINT" in said
+
+
+def test_every_settings_class_refuses_a_bad_value_with_a_ray_ormas_error():
+    # Built as a user builds them, each public settings class with a bad value for each of its
+    # options (a value no option takes), one it does not have, and one bound broken: the error is
+    # a RayOrmasError (OptionError, a ValueError too) that names the option, never pydantic's own.
+    import dataclasses
+
+    from pydantic.dataclasses import is_pydantic_dataclass
+
+    classes = [getattr(ray_ormas, name) for name in ray_ormas.__all__]
+    settings = [c for c in classes if isinstance(c, type) and is_pydantic_dataclass(c)]
+    assert {c.__name__ for c in settings} >= {"MonitorSettings", "MLflowSettings", "FleetSettings", "BatchSize"}
+    for cls in settings:
+        for field in [*(f.name for f in dataclasses.fields(cls)), "not_an_option"]:
+            with pytest.raises(ray_ormas.OptionError, match=rf"{cls.__name__}\.{field}: ") as raised:
+                cls(**{field: object()})
+            assert isinstance(raised.value, (ray_ormas.RayOrmasError, ValueError)), (cls, field)
+    with pytest.raises(ray_ormas.OptionError, match=r"FleetSettings.max_evict_nodes: Input should be greater than"):
+        dataclasses.replace(ray_ormas.FleetSettings(), max_evict_nodes=0)
+    with pytest.raises(ray_ormas.OptionError, match=r"MLflowSettings.max_pending: Input should be greater than or"):
+        ray_ormas.MLflowSettings(max_pending=10)

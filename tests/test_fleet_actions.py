@@ -14,7 +14,8 @@ by a switch in the package:
                    (its worker is ended)
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
-    attempt 3   the test's policy evicts rank 1's node: drained, the group restarts on the spare
+    attempt 3   the test's policy evicts rank 1's node: kept out of the run, the group restarts on
+                the spare
     attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
                 neither Ray nor Tune retries (max_failures would allow one more restart)
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -151,9 +153,10 @@ def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
     assert (asked["attempt"], asked["ranks"]) == (3, [1])
     evict = next(a for a in acted.actions() if a["alarm"] == "policy")
     assert (evict["action"], evict["outcome"], evict["evicted_ids"]) == ("evict", "done", [nodes[3]["rank1"]]), evict
-    # The next attempt ran without it (on the node left and the spare); Ray has let it go.
+    # The next attempt ran without it (on the node left and the spare); the node was only kept out
+    # of this run: alive, and not drained (no other run on it would be preempted).
     assert nodes[3]["rank1"] not in nodes[4].values() and len(set(nodes[4].values())) == 2
-    assert acted.outcome["alive"][nodes[3]["rank1"]] is False
+    assert acted.outcome["alive"][nodes[3]["rank1"]] is True and acted.outcome["draining"] == []
     assert evict["resumed_run_step"] >= evict["checkpoint_run_step"] == 30 and 0 < evict["seconds"] < 120
 
 
@@ -409,44 +412,116 @@ def test_a_restart_after_damage_with_no_checkpoint_before_it_only_logs_and_says_
     )
     acts.book.checked(0, 10, clean=True)
     acts.book.taken(20, 0, "ckpt-20")  # taken after the last clean check: the damage may be in it
-    acts.on_alarm({**alarm("divergence"), "run_step": 25})
+    acts.on_alarms([{**alarm("divergence"), "run_step": 25}])
     [(_, line)] = written
     assert (line["action"], line["outcome"]) == ("log", "failed") and acts.order_for(0) is None
     assert "no checkpoint was taken before the damage" in line["reason"] and "run step 10" in line["reason"]
     assert acts._planner.taken == 0  # it does not count against max_actions
-    acts.on_alarm(alarm("straggler"))  # the attempt was not acted on: a later alarm of it may act
+    acts.on_alarms([alarm("straggler")])  # the attempt was not acted on: a later alarm of it may act
     assert acts.order_for(0)["action"] == "reattempt"
     assert (written[-1][1]["checkpoint_run_step"], written[-1][1]["why"]) == (20, "Ray's latest checkpoint")
 
 
-def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
-    # Which node is the head node, and the drain itself, are Ray's (tests/test_node_loss.py drains
-    # for real); here they are given, to reach the two ways an evict falls back.
+def _evicting_fleet(monkeypatch, written: list[dict], **settings) -> Any:
+    """FleetActions over three ranks (0 on the head node, 1 and 2 on worker nodes w1 and w2) in
+    attempts 0-3. Which node is the head node, the nodes alive and the drain are Ray's
+    (tests/test_node_loss.py evicts for real); here they are given, to reach each bound."""
+    from ray_ormas._internal.head import fleet_actions
+
+    acts = fleet_actions.FleetActions(
+        FleetSettings(**{"actions": {"straggler": "evict", "hang": "evict"}, **settings}),
+        lambda name, lines: written.extend(lines),
+        driver_node="driver-node",
+        shape=fleet_actions.GroupShape({"CPU": 1.0, "slot": 1.0}, 3),
+    )
+    for attempt in range(4):
+        for rank, node in ((0, "head-node"), (1, "w1"), (2, "w2")):
+            acts.rank_joined(attempt, fleet_actions.RankHandle(rank, None, node, f"name-{node}", 100 + rank))
+    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
+    monkeypatch.setattr(fleet_actions, "_stacks_of", lambda handle: f"the stack of rank {handle.rank}")
+    one = {"CPU": 1.0, "slot": 1.0}
+    nodes = {"head-node": one, "w1": one, "w2": one, "spare": one}
+    monkeypatch.setattr(fleet_actions, "_alive_nodes", lambda: nodes)
+    return acts
+
+
+def _no_drain(node_id: str, why: str) -> str:
+    raise AssertionError("a run-scoped evict must not drain")
+
+
+def test_an_evict_is_the_runs_by_default_and_drains_nothing(monkeypatch):
     from ray_ormas._internal.head import fleet_actions
 
     written: list[dict] = []
-    acts = fleet_actions.FleetActions(
-        FleetSettings(actions={"straggler": "evict", "hang": "evict"}),
-        lambda name, lines: written.extend(lines),
-        driver_node="driver-node",
-    )
-    for attempt in (0, 1):
-        for rank, node in ((0, "head-node"), (1, "worker-node")):
-            acts.rank_joined(attempt, fleet_actions.RankHandle(rank, None, node, f"name-{node}", 100 + rank))
-    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
+    acts = _evicting_fleet(monkeypatch, written)
+    monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
+    acts.on_alarms([{**alarm("straggler"), "ranks": [1]}])
+    assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
+    [line, outcome] = written
+    assert (line["action"], outcome["evicted_ids"], outcome["scope"]) == ("evict", ["w1"], "run")
+    assert "kept out of this run" in acts.order_for(0)["message"]
+
+
+def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
+    from ray_ormas._internal.head import fleet_actions
+
+    written: list[dict] = []
+    acts = _evicting_fleet(monkeypatch, written, evict_scope="cluster")
     monkeypatch.setattr(fleet_actions, "drain_node", lambda node_id, why: "the node is already being drained")
     # On the head node: never evicted, the group restarts instead (still an action).
-    acts.on_alarm({**alarm("straggler"), "ranks": [0]})
+    acts.on_alarms([{**alarm("straggler"), "ranks": [0]}])
     assert acts.order_for(0)["action"] == "reattempt" and acts._planner.taken == 1
     fell = written[-1]
     assert fell["action"] == "reattempt"
     assert fell["reason"] == "node name-head-node is the head node, which is never evicted"
     # A drain Ray refuses: the alarm only logs, with Ray's reason, and it does not count.
-    acts.on_alarm({**alarm("straggler"), "attempt": 1, "ranks": [1]})
+    acts.on_alarms([{**alarm("straggler"), "attempt": 1, "ranks": [1]}])
     refused = written[-1]
     assert (refused["action"], refused["outcome"]) == ("log", "failed") and acts.order_for(1) is None
-    assert refused["reason"] == "Ray refused to drain node name-worker-node: the node is already being drained"
+    assert refused["reason"] == "Ray refused to drain node name-w1: the node is already being drained"
     assert acts._planner.taken == 1
+
+
+def test_an_evict_is_bounded_in_nodes_in_room_and_never_reaches_every_rank(monkeypatch):
+    from ray_ormas._internal.head import fleet_actions
+
+    written: list[dict] = []
+    acts = _evicting_fleet(monkeypatch, written, max_actions=5)
+    monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
+    # Two nodes named, max_evict_nodes=1: the group restarts, nothing is excluded.
+    acts.on_alarms([{**alarm("straggler"), "ranks": [1, 2], "attempt": 0}])
+    assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == []
+    assert "run on 2 nodes, more than max_evict_nodes (1)" in written[-1]["reason"]
+    # Every rank named (as a collective hang names them): stacks first, then a restart, and why.
+    acts.on_alarms([{**alarm("straggler"), "ranks": [0, 1, 2], "attempt": 1}])
+    every = next(x for x in written if x.get("attempt") == 1 and "action" in x)
+    assert (every["action"], every["diagnose"], every["requested"]) == ("reattempt", True, ["evict"])
+    assert "names every rank (3 of 3)" in every["reason"]
+    acts.wait_for_diagnoses()
+    assert acts.order_for(1)["action"] == "reattempt" and acts.excluded_nodes() == []
+    # One node out leaves room (the spare); a second would leave two slots for three workers.
+    acts.on_alarms([{**alarm("straggler"), "ranks": [1], "attempt": 2}])
+    assert acts.excluded_nodes() == ["w1"]
+    acts.on_alarms([{**alarm("straggler"), "ranks": [2], "attempt": 3}])
+    assert acts.order_for(3)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
+    assert "the cluster has room for 2 of the group's 3 workers" in written[-1]["reason"]
+
+
+def test_two_alarms_at_one_check_the_most_severe_acts_and_both_are_recorded():
+    from ray_ormas._internal.head.fleet_actions import FleetActions
+
+    written: list[dict] = []
+    acts = FleetActions(
+        FleetSettings(actions={"straggler": "reattempt", "nonfinite": "stop"}),
+        lambda name, lines: written.extend(lines),
+    )
+    acts.on_alarms([alarm("straggler"), alarm("nonfinite")])  # the analyzer's order: straggler first
+    assert acts.order_for(0)["action"] == "stop" and acts.stop_message().startswith("stopped by the fleet's nonfinite")
+    stop, straggler = written
+    assert (stop["alarm"], stop["action"], stop["outcome"]) == ("nonfinite", "stop", "requested")
+    assert (straggler["alarm"], straggler["action"], straggler["outcome"]) == ("straggler", "log", "superseded")
+    assert straggler["requested"] == ["reattempt"] and "nonfinite alarm's stop" in straggler["reason"]
+    assert acts._planner.taken == 1  # the superseded one does not count
 
 
 @pytest.mark.usefixtures("ray_cluster")

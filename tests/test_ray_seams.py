@@ -50,6 +50,35 @@ def test_each_piece_matches_the_installed_ray():
     assert ray_train.print_patch_env() == "RAY_TRAIN_ENABLE_PRINT_PATCH"
     assert ray_train.poll_interval_env() == "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
     ray_train.check_drain_seam()
+    ray_train.controller_callback_class.cache_clear()
+    assert ray_train.controller_callback_class().__name__ == "ControllerCallback"
+
+
+def test_a_changed_worker_group_hook_or_node_label_fails_loudly(monkeypatch):
+    from ray_ormas._internal.head.placement_callback import merged_selector, node_exclusion_callback
+
+    callback_module = importlib.import_module(ray_train.CONTROLLER_CALLBACK[0])
+    hook = callback_module.ControllerCallback.on_controller_start_worker_group
+
+    def renamed(self, *, scaling_config, workers):  # a release that renamed a keyword
+        return None
+
+    monkeypatch.setattr(callback_module.ControllerCallback, "on_controller_start_worker_group", renamed)
+    ray_train.controller_callback_class.cache_clear()
+    with pytest.raises(RaySeamChanged, match=r"keeps a run's later worker groups off an evicted node.*takes"):
+        node_exclusion_callback(ledger=None)
+    monkeypatch.setattr(callback_module.ControllerCallback, "on_controller_start_worker_group", hook)
+    monkeypatch.setattr(importlib.import_module("ray.util.placement_group"), "NODE_ID_LABEL_KEY", "ray.io/node")
+    ray_train.controller_callback_class.cache_clear()
+    with pytest.raises(RaySeamChanged, match="a node's id label is 'ray.io/node', not 'ray.io/node-id'"):
+        node_exclusion_callback(ledger=None)
+    monkeypatch.undo()
+    ray_train.controller_callback_class.cache_clear()
+    # The exclusion joins the selector the user gave; one it cannot join with is left as it was.
+    assert merged_selector({"zone": "a"}, ["n2", "n1"]) == {"zone": "a", "ray.io/node-id": "!in(n1, n2)"}
+    assert merged_selector([{"zone": "a"}, {"zone": "a"}], ["n1"]) == {"zone": "a", "ray.io/node-id": "!in(n1)"}
+    assert merged_selector([{"zone": "a"}, {"zone": "b"}], ["n1"]) is None
+    assert merged_selector({"ray.io/node-id": "n3"}, ["n1"]) is None
 
 
 def test_a_gone_drain_call_or_reason_fails_loudly(monkeypatch):

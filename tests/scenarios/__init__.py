@@ -7,7 +7,9 @@ checks). A cloud node that vanishes is noticed by the same check with the defaul
 long the scenario waits for Ray to notice changes, not what Ray or ray-ormas then does.
 
 `alive` and `forget` keep a scenario's list of worker nodes true after the fleet drained one
-(its raylet leaves the cluster once nothing runs on it).
+(its raylet leaves the cluster once nothing runs on it). `draining_nodes` is what Ray Train's
+`PreemptionWatcher` reads to preempt every run with a worker on a node: a run-scoped evict
+must leave it empty.
 """
 
 from __future__ import annotations
@@ -39,3 +41,15 @@ def forget(cluster: Cluster, workers: list[Any], keep: list[Any]) -> None:
             cluster.remove_node(node, allow_graceful=False)
         except Exception:  # its raylet has already left
             pass
+
+
+def draining_nodes() -> list[str]:
+    """The nodes Ray's GCS is draining (hex ids), as Ray Train 2.60's `PreemptionWatcher` reads them
+    (`ray/train/v2/_internal/execution/preemption.py`): a test's look at Ray's own state."""
+    return sorted(ray._private.state.state.get_draining_nodes())
+
+
+@ray.remote(num_cpus=0)
+def node_of_task() -> str:
+    """The node a task ran on (pinned by the caller: the node still takes new work)."""
+    return ray.get_runtime_context().get_node_id()

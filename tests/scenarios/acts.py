@@ -17,7 +17,8 @@ reaches its step first (`once_dir`):
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
     attempt 3   the policy (`evict_rank_1_in_the_fourth_attempt`) asks at check 1 to evict rank
-                1's node: it is drained, and the group restarts on the node left and the spare
+                1's node: it is kept out of the run (not drained: Ray's GCS is not told), and
+                the group restarts on the node left and the spare
     attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
                 Ray does not retry (max_failures would allow one more restart)
 
@@ -43,7 +44,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from ray_ormas import FleetSettings, FleetStopError, RayOrmasError, RayOrmasTrainer
 from tests.loops import digits_loop
-from tests.scenarios import alive, forget
+from tests.scenarios import alive, draining_nodes, forget
 
 HANG_AFTER_S = 4.0
 POLICY = "tests.loops:evict_rank_1_in_the_fourth_attempt"
@@ -114,6 +115,7 @@ def acts_fit(cluster: Cluster, workers: list[Any], worker_node: dict[str, Any], 
     outcome["seconds"] = round(time.monotonic() - started, 1)
     outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
     outcome["alive"] = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+    outcome["draining"] = draining_nodes()
     outcome["finished"] = True
     forget(cluster, workers, alive(workers))
     return outcome

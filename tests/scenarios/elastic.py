@@ -9,7 +9,7 @@ checkpoint:
 
     ddp    the fleet evicts it: the test's policy (tests/loops.py
            `evict_rank_1_then_stop_the_grown_attempt`) takes rank 1's stacks on its node, then
-           drains that node; with nowhere else to go, the group comes back smaller. Once the
+           drains that node (`evict_scope="cluster"`); with nowhere else to go, the group comes back smaller. Once the
            group has grown back, the same policy stops the fit (`FleetStopError`).
     fsdp   the node is removed (its raylet and every process on it die) once the fit's first
            checkpoint is registered. Once the group has grown back, the fit's policy
@@ -105,7 +105,11 @@ def resize_one_fit(cluster: Cluster, workers: list[Any], storage: str, strategy:
         strategy=strategy,
         batch=BatchSize(64, per="global"),
         # Actions that nothing here fires, and the policy that acts (see the module docstring).
-        fleet=FleetSettings(actions={"divergence": "reattempt", "nonfinite": "stop"}, policy=POLICY[strategy]),
+        # A drain for the whole cluster: Ray's elastic policy counts a node that is only kept out of
+        # the run, would try the larger size there, and wait (docs/fleet-health.md).
+        fleet=FleetSettings(
+            actions={"divergence": "reattempt", "nonfinite": "stop"}, policy=POLICY[strategy], evict_scope="cluster"
+        ),
         scaling_config=ScalingConfig(
             num_workers=(1, 2),
             resources_per_worker={"CPU": 1, "train_slot": 1},

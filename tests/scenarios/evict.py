@@ -6,17 +6,19 @@ fits do not use), host the fit's two ranks. The rank on node A is slow in data l
 loop's `slow_node`): a slow node, not a slow rank.
 
     attempt 0   on A and B: the straggler alarm names A's rank (data loading) within three
-                checks -> `evict` (FleetSettings.actions): node A is drained and the group
-                restarts from Ray's latest checkpoint. Node C is added once attempt 0 is
-                placed: the spare the restart lands on.
-    attempt 1   on B and C: no straggler alarm. The test's policy
+                checks -> `evict` (FleetSettings.actions): node A is kept out of the run (not
+                drained: Ray's GCS is not told) and the group restarts from Ray's latest
+                checkpoint. Nodes C and D are added once attempt 0 is placed: the spares.
+    attempt 1   on two of B, C and D, never A: no straggler alarm. The test's policy
                 (tests/loops.py `evict_rank_1_after_the_first_attempt`) evicts rank 1's node at
-                the attempt's check 3. Node D is added once attempt 1 is placed.
-    attempt 2   on D and the node left: the policy asks again, and `max_actions=2` is reached:
-                the alarm only logs ("bounded"), and the fit runs to its end.
+                the attempt's check 3 (the spare left gives the group room).
+    attempt 2   on the two nodes left of B, C and D: the policy asks again, and `max_actions=2`
+                is reached: the alarm only logs ("bounded"), and the fit runs to its end.
 
 Each rank writes its node's id when it starts (`node_log`), so the test knows which nodes each
-attempt ran on. The outcome goes to the scenario's JSON for tests/test_node_loss.py.
+attempt ran on. At the end, node A is still alive, Ray's GCS drains no node, and a task pinned
+to A runs there: another run on it would have gone on. The outcome goes to the scenario's JSON
+for tests/test_node_loss.py.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ormas import FleetSettings, RayOrmasTrainer
 from tests.loops import digits_loop
+from tests.scenarios import draining_nodes, node_of_task
 
 SLOT_NODE = {"num_cpus": 1, "resources": {"evict_slot": 1}}
 STEPS = 75  # attempt 2 starts at run step 50: its check 3 is at 65
@@ -97,9 +101,9 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             time.sleep(0.2)
         return True
 
-    # The spare for each restart is added once the attempt before it is placed, so that the
-    # attempt runs on the nodes described above.
-    for spare, placed in (("C", 2), ("D", 4)):
+    # The spares are added once attempt 0 is placed, so that it runs on A and B; both are there
+    # before any evict (an evict that left no room for the group would restart it in place).
+    for spare, placed in (("C", 2), ("D", 2)):
         if not wait_for_starts(placed):
             break
         nodes[spare] = cluster.add_node(**SLOT_NODE)
@@ -108,6 +112,13 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
     outcome["finished"] = not thread.is_alive()
     outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
     outcome["alive"] = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+    outcome["draining"] = draining_nodes()
+    # The evicted node A was only kept out of this run: other work is still placed there.
+    pinned = NodeAffinitySchedulingStrategy(nodes["A"].node_id, soft=False)
+    try:
+        outcome["ran_on_a"] = ray.get(node_of_task.options(scheduling_strategy=pinned).remote(), timeout=60)
+    except Exception as e:  # reported to the test, which fails on it
+        outcome["ran_on_a"] = f"{type(e).__name__}: {e}"
     if outcome["finished"]:
         for node in nodes.values():
             try:

@@ -20,10 +20,11 @@ from pydantic import Field, field_serializer, field_validator
 from pydantic.dataclasses import dataclass
 
 from ray_ormas._internal.common.fleet_policy import Policy, check_chain, policy_name, resolve_policy
-from ray_ormas._internal.common.options import SETTINGS_CONFIG
+from ray_ormas._internal.common.options import SETTINGS_CONFIG, refuse_as_option_error
 from ray_ormas.errors import OptionError
 
 HangDetector = Literal["off", "observe", "fail"]
+EvictScope = Literal["run", "cluster"]
 ACTION_KINDS = ("straggler", "divergence", "nonfinite", "unreadable", "hang")  # the alarms that can act
 
 HANG_DETECTOR_ENV = "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR"
@@ -31,6 +32,7 @@ HANG_ACTION_ENV = "RAY_TRAIN_NCCL_RAS_ACTION"
 HANG_CONFIRM_ENV = "RAY_TRAIN_NCCL_RAS_CONFIRM_DURATION_S"
 
 
+@refuse_as_option_error
 @dataclass(frozen=True, config=SETTINGS_CONFIG)
 class FleetSettings:
     """Every rank's facts at every check, turned into scores and alarms on the head node (the
@@ -63,12 +65,24 @@ class FleetSettings:
             second (its warm-up) the bound is at least 120 s; see docs/fleet-health.md.
         actions: what an alarm does, by its kind (`straggler`, `divergence`, `nonfinite`,
             `unreadable`, `hang`): "log" (the default for every kind: name it), "reattempt"
-            (restart the worker group from a checkpoint through Ray's failure path), "evict" (drain
-            the named ranks' nodes, so that Ray schedules nothing new there, then restart the
-            group on other nodes; never the head node or the driver's), "stop" (end the fit with
-            `FleetStopError`), or ["diagnose", then] (capture the named ranks' Python
-            stacks first, then the action after it, if any).
-        max_actions: at most this many actions per fit; after that an alarm only logs, and says why.
+            (restart the worker group from a checkpoint through Ray's failure path), "evict" (keep
+            the run's later worker groups off the named ranks' nodes, then restart the group on
+            other nodes; never the head node or the driver's; see `evict_scope`), "stop" (end the
+            fit with `FleetStopError`), or ["diagnose", then] (capture the named ranks' Python
+            stacks first, then the action after it, if any). At one check the most severe action
+            is carried out (stop > evict > reattempt > diagnose > log); the other alarms of that
+            check are recorded with the action they asked for.
+        max_actions: at most this many actions per fit (an int >= 0); after that an alarm only
+            logs, and its line says `bounded`. 0 keeps every alarm to logging while `actions`
+            stays written down.
+        evict_scope: what an evict touches. "run" (the default): the node is excluded from this
+            run's later worker groups only (a label selector on the group's placement); every
+            other run, job and Tune trial on it goes on as before. "cluster": Ray's GCS drains
+            the node as a preemption, so nothing new is placed there by anyone, and Ray Train
+            moves every other run with a worker on that node into its preempting state and
+            restarts it (docs/fleet-health.md, "What an action can touch").
+        max_evict_nodes: at most this many nodes per evict (an int >= 1; default 1). An evict
+            whose ranks run on more nodes restarts the group instead (`reattempt`), and says so.
         policy: your own rule: a function (or "module:function") that receives a `FleetView` at
             every complete check and returns a `FleetAction` for named ranks, or None
             (docs/fleet-health.md, "Your own rule").
@@ -123,7 +137,17 @@ class FleetSettings:
         default_factory=dict,
         description="what an alarm does, by kind: log (default), reattempt, evict, stop, or [diagnose, then]",
     )
-    max_actions: int = Field(default=3, ge=0, description="at most this many actions per fit; then alarms only log")
+    max_actions: int = Field(
+        default=3, ge=0, description="at most this many actions per fit (0: every alarm only logs); then alarms only log"
+    )
+    evict_scope: EvictScope = Field(
+        default="run",
+        description="run: an evict keeps this run's later worker groups off the node; cluster: Ray drains the "
+        "node for every run (other runs on it are preempted)",
+    )
+    max_evict_nodes: int = Field(
+        default=1, ge=1, description="at most this many nodes per evict; an evict naming more restarts instead"
+    )
     policy: Callable[..., Any] | None = Field(
         default=None,
         description="your own rule: 'module:function' called with a FleetView at every check, "

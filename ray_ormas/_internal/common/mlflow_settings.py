@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from ray_ormas._internal.common.options import SETTINGS_CONFIG
+from ray_ormas._internal.common.options import SETTINGS_CONFIG, refuse_as_option_error
 from ray_ormas.errors import OptionError
 
 DEFAULT_EXPERIMENT = "ray-ormas"
@@ -21,6 +21,7 @@ DEFAULT_MAX_PENDING = 100_000  # metric values held while the tracker is down (a
 USERINFO = re.compile(r"(?<=://)[^/@]+@")  # user:password@ in a URI
 
 
+@refuse_as_option_error
 @dataclass(frozen=True, config=SETTINGS_CONFIG)
 class MLflowSettings:
     """Where and how the fit's MLflow run is tracked (the YAML config's `mlflow:` section).

@@ -8,11 +8,15 @@ fails names its field: from YAML as a key path (`mlflow.request_timeout_s: ...`)
 trainer's keyword options as `OptionError` lines (`sync_timeout_s: Input should be greater than
 0, got 0`), built by `build` here.
 
+Built from Python, a settings class refuses a bad value with `OptionError` (a `RayOrmasError`),
+not pydantic's `ValidationError` (`refuse_as_option_error`).
+
 Relies on pydantic v2's public API (`pydantic.dataclasses.dataclass`, `Field`, `ValidationError`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict, ValidationError
@@ -53,10 +57,36 @@ def describe_errors(
     return lines
 
 
+VALIDATION = "_validation"  # where a settings class's OptionError keeps pydantic's error, for `build`
+
+
+def refuse_as_option_error(cls: type[T]) -> type[T]:
+    """Make building `cls` (a settings dataclass) with a bad value raise `OptionError` (a
+    `RayOrmasError` and a `ValueError`) naming each option as `Class.option`, instead of
+    pydantic's `ValidationError`. Validation inside a YAML config's model does not go through
+    `__init__` and keeps its own errors (job_config.py)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as e:
+            error = OptionError("; ".join(describe_errors(e, f"{cls.__name__}.")))
+            setattr(error, VALIDATION, e)  # `build` names the options in its caller's words
+            raise error from None
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
 def build(cls: type[T], prefix: str | None = None, **options: Any) -> T:
     """`cls(**options)`, with a validation error turned into an `OptionError` naming each option
     (after `prefix`, by default the class's name and a dot)."""
     try:
         return cls(**options)
-    except ValidationError as e:
-        raise OptionError("; ".join(describe_errors(e, f"{cls.__name__}." if prefix is None else prefix))) from None
+    except (OptionError, ValidationError) as e:
+        validation = e if isinstance(e, ValidationError) else getattr(e, VALIDATION, None)
+        if validation is None:
+            raise
+        raise OptionError("; ".join(describe_errors(validation, f"{cls.__name__}." if prefix is None else prefix))) from None

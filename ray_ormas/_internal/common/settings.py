@@ -23,7 +23,7 @@ from ormas_monitor import MonitorConfig
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
-from ray_ormas._internal.common.options import SETTINGS_CONFIG, build
+from ray_ormas._internal.common.options import SETTINGS_CONFIG, build, refuse_as_option_error
 from ray_ormas.errors import OptionError, OptionTypeError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
@@ -40,6 +40,7 @@ def check_strategy(strategy: Any) -> str:
     return strategy
 
 
+@refuse_as_option_error
 @dataclass(frozen=True, config=SETTINGS_CONFIG)
 class MonitorSettings:
     """How every rank builds and reports its monitor (the YAML config's `monitor:` section).
@@ -217,6 +218,7 @@ class MonitorSettings:
         return out
 
 
+@refuse_as_option_error
 @dataclass(frozen=True, config=SETTINGS_CONFIG)
 class BatchSize:
     """What a batch size means, said once (SR-Forge's guide asks it: per rank, or global?); the

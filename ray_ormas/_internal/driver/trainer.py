@@ -16,7 +16,10 @@ Hooks relied on (Ray Train V2):
 
 * `TorchTrainer(train_loop_per_worker, ...)`: runs our wrapper of the user's loop (worker/session.py).
 * `RunConfig.callbacks`: a controller-side `UserCallback` (head/ledger.py) receives every report's
-  per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were.
+  per-rank metrics; the trainer adds it to the user's callbacks, which stay as they were. When
+  an alarm can act and an evict is the run's (`FleetSettings.evict_scope="run"`), a
+  `ControllerCallback` too (head/placement_callback.py): it keeps later worker groups off the
+  nodes the run evicted.
 * `RunConfig.name`, `storage_path`, `storage_filesystem`: the record's place, known before launch
   (Ray's RunConfig always sets a name). A local storage path (and `record_dir`) is resolved to
   an absolute one here (driver/paths.py): Ray's controller refuses relative ones only after it started.
@@ -52,7 +55,7 @@ from ray_ormas._internal.common.settings import (
     RepairMode,
 )
 from ray_ormas._internal.driver.arguments import check_arguments, local_run_dir
-from ray_ormas._internal.driver.capacity import check_capacity, lone_node_eviction
+from ray_ormas._internal.driver.capacity import check_capacity, lone_node_eviction, per_worker
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import fleet_stop
 from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
@@ -61,6 +64,7 @@ from ray_ormas._internal.head.fleet_head import FleetSpec
 from ray_ormas._internal.head.ledger import LedgerSnapshot, RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
 from ray_ormas._internal.head.mlflow_writer import WriterSpec
+from ray_ormas._internal.head.placement_callback import node_exclusion_callback
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
 from ray_ormas._internal.record.run_facts import run_facts, state_at_end, whole_run_counts
 from ray_ormas._internal.record.store import RecordStore
@@ -255,11 +259,15 @@ class RayOrmasTrainer:
                 self.strategy,
                 self.elastic,
                 driver_node=ray.get_runtime_context().get_node_id(),
+                worker_need=per_worker(self.scaling_config),
+                min_workers=int(self.scaling_config.min_workers),
             )
         )
         ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
         acts = self.fleet is not None and self.fleet.acts
         callback = LedgerCallback(ledger, tracking is not None, acts)
+        # A run-scoped evict keeps the run's later worker groups off the evicted nodes.
+        placement = [node_exclusion_callback(ledger)] if acts and self.fleet.evict_scope == "run" else []
         plan = WorkerPlan(
             settings=self.settings,
             strategy=self.strategy,
@@ -277,7 +285,7 @@ class RayOrmasTrainer:
         )
         run_config = dataclasses.replace(
             self.run_config,
-            callbacks=[*(self.run_config.callbacks or []), callback],
+            callbacks=[*(self.run_config.callbacks or []), callback, *placement],
             worker_runtime_env=_print_once(self.run_config.worker_runtime_env),
         )
         trainer = TorchTrainer(

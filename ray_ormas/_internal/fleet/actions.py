@@ -12,6 +12,10 @@ The rules (docs/fleet-health.md, "When the fleet acts"):
   policy asked for): ("log",) does nothing more;
 * at most `max_actions` actions per fit; after that an alarm only logs, and its line says why;
 * one action per attempt: once an attempt is being restarted or stopped, its later alarms log;
+* one decision per check: of the alarms that come together (a check's, and its policy's), the
+  one whose action is the most severe is carried out (`SEVERITY`: stop > evict > reattempt >
+  diagnose > log; the first of equals); each other one is recorded with the action it asked for,
+  as `superseded`;
 * `evict` is a `reattempt` on other nodes: it chooses its checkpoint the same way;
 * `reattempt` after a `divergence` or `nonfinite` alarm resumes from the last checkpoint taken no
   later than the last check at which every rank's digest agreed and every loss was finite; when
@@ -29,6 +33,12 @@ from ray_ormas._internal.common.fleet_settings import FleetSettings
 
 DAMAGE_KINDS = ("divergence", "nonfinite")  # alarms whose later checkpoints are not resumed from
 RESTARTS = ("reattempt", "evict")  # the actions that restart the worker group
+SEVERITY = {"log": 0, "diagnose": 1, "reattempt": 2, "evict": 3, "stop": 4}  # the most severe is carried out
+
+
+def severity(chain: tuple[str, ...]) -> int:
+    """How severe a chain of actions is: its last action's (a diagnose alone is a diagnose)."""
+    return SEVERITY[chain[-1]]
 
 
 @dataclass
@@ -117,14 +127,40 @@ class ActionPlanner:
     _acted_attempts: set[int] = field(default_factory=set)
     _next_id: int = 0
 
-    def decide(self, alarm: dict[str, Any]) -> dict[str, Any] | None:
-        """The action line of `alarm` (its `action` the one to carry out, `diagnose` whether stacks
-        are captured first), or None when the alarm only logs as it always did."""
-        chain = tuple(alarm["chain"]) if alarm.get("chain") else self.settings.action_for(alarm["kind"])
-        if chain == ("log",):
-            return None
-        self._next_id += 1
-        line: dict[str, Any] = {
+    def chain_of(self, alarm: dict[str, Any]) -> tuple[str, ...]:
+        """The actions `alarm` asks for: its policy's chain, or its kind's in the settings."""
+        return tuple(alarm["chain"]) if alarm.get("chain") else self.settings.action_for(alarm["kind"])
+
+    def decide_check(self, alarms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The action lines of alarms that came together, with their alarms: the most severe one's
+        as `decide` gives it, first, then every other alarm that asked for more than logging, as
+        `superseded` (it logs; it does not count against `max_actions`)."""
+        asking = [a for a in alarms if self.chain_of(a) != ("log",)]
+        if not asking:
+            return []
+        first = max(asking, key=lambda a: severity(self.chain_of(a)))  # max keeps the first of equals
+        lines = []
+        chosen = self.decide(first)
+        if chosen is not None:
+            lines.append((chosen, first))
+        winner = self.chain_of(first)[-1]
+        for alarm in asking:
+            if alarm is first:
+                continue
+            self._next_id += 1
+            line = {
+                **self._line(alarm, self.chain_of(alarm)),
+                "action": "log",
+                "diagnose": False,
+                "outcome": "superseded",
+                "reason": f"the {first['kind']} alarm's {winner} at the same check comes first "
+                f"(stop > evict > reattempt > diagnose > log): only logged",
+            }
+            lines.append((line, alarm))
+        return lines
+
+    def _line(self, alarm: dict[str, Any], chain: tuple[str, ...]) -> dict[str, Any]:
+        return {
             "id": self._next_id,
             "alarm": alarm["kind"],
             "requested": list(chain),
@@ -134,6 +170,17 @@ class ActionPlanner:
             "node": alarm.get("node"),
             "time": round(time.time(), 3),
         }
+
+    def decide(self, alarm: dict[str, Any]) -> dict[str, Any] | None:
+        """The action line of `alarm` (its `action` the one to carry out, `diagnose` whether stacks
+        are captured first), or None when the alarm only logs as it always did."""
+        chain = self.chain_of(alarm)
+        if chain == ("log",):
+            return None
+        self._next_id += 1
+        line = self._line(alarm, chain)
+        if alarm.get("requested"):  # the chain the settings gave, before a bound changed it
+            line["requested"] = list(alarm["requested"])
         if self.taken >= self.settings.max_actions:
             return {
                 **line,
@@ -155,7 +202,10 @@ class ActionPlanner:
         if final in RESTARTS + ("stop",):
             attempt = alarm.get("attempt")
             self._acted_attempts.add(attempt if isinstance(attempt, int) else -1)
-        return {**line, "action": final, "diagnose": chain[0] == "diagnose", "outcome": "requested"}
+        decided = {**line, "action": final, "diagnose": chain[0] == "diagnose", "outcome": "requested"}
+        if alarm.get("bounded_by"):  # why the chain is not the one the settings gave
+            decided["reason"] = alarm["bounded_by"]
+        return decided
 
     def released(self, attempt: int | None) -> None:
         """The action on `attempt` fell back to logging: it does not count against `max_actions`,

@@ -8,11 +8,16 @@
                  `FleetReattemptError`, so the group fails through Ray's own path and
                  `FailureConfig` restarts it; a rank that cannot reach a check (a hang) has its
                  worker actor killed, which Ray's poll sees as a worker failure
-      evict      the named ranks' nodes are drained (seams/ray_train.py `drain_node`: Ray places
-                 nothing new there), then the same order as `reattempt`: the restarted group's
-                 placement group goes to other nodes. The head node and the driver's node are
-                 never drained (the action restarts the group instead, and says so); a drain Ray
-                 refuses leaves the alarm logging, with Ray's reason
+      evict      the named ranks' nodes are kept out of the run's later worker groups
+                 (`evict_scope="run"`, the default: `excluded_nodes`, which the controller's
+                 callback turns into a label selector, head/placement_callback.py) or drained
+                 for the whole cluster (`"cluster"`: seams/ray_train.py `drain_node`), then the
+                 same order as `reattempt`: the restarted group goes to other nodes. Bounded:
+                 never the head node or the driver's node, at most `max_evict_nodes` nodes, never
+                 when the cluster would have no room left for the group (each of these restarts
+                 the group instead, and says why), and an alarm that names every rank (a
+                 collective hang) diagnoses and reattempts instead; a drain Ray refuses leaves
+                 the alarm logging, with Ray's reason
       stop       the same order with `FleetStopError`; the controller's `after_exception`
                  (head/ledger_callback.py) asks `stop_message` and raises it there, which Ray
                  does not retry; the driver raises it after the record is closed
@@ -55,6 +60,26 @@ STACK_CHARS = 20_000  # at most this much of one rank's stacks is kept
 
 
 @dataclass(frozen=True)
+class GroupShape:
+    """What a restarted worker group needs: `workers` workers of `need` resources each."""
+
+    need: dict[str, float]
+    workers: int
+
+    @classmethod
+    def of(cls, spec: Any) -> GroupShape:
+        """The shape of a `FleetSpec`'s group (the fewest workers an elastic group starts with)."""
+        return cls(dict(spec.worker_need or {"CPU": 1.0}), int(spec.min_workers or spec.world))
+
+    def room(self, nodes: list[dict[str, float]]) -> int:
+        """How many of the group's workers `nodes` (each node's total resources) can hold."""
+        return sum(
+            min((int(float(node.get(k, 0)) // v) for k, v in self.need.items() if v > 0), default=0)
+            for node in nodes
+        )
+
+
+@dataclass(frozen=True)
 class RankHandle:
     """Where one rank of an attempt runs: its Ray Train worker actor, node and process."""
 
@@ -74,9 +99,13 @@ class FleetActions:
         settings: FleetSettings,
         write: Callable[[str, list[dict[str, Any]]], None],
         driver_node: str | None = None,
+        shape: GroupShape | None = None,
     ) -> None:
+        self._settings = settings
         self._planner = ActionPlanner(settings)
         self._driver_node = driver_node
+        self._shape = shape
+        self._excluded: dict[str, str] = {}  # node id -> name: kept out of this run's later groups
         self.book = CheckpointBook()
         self._write = write
         self._ranks: dict[int, dict[int, RankHandle]] = {}  # attempt -> rank -> where it runs
@@ -103,6 +132,11 @@ class FleetActions:
         if self._stop is not None:
             self._stop_delivered = True
         return self._stop
+
+    def excluded_nodes(self) -> list[str]:
+        """The nodes (hex ids) a run-scoped evict keeps this run's later worker groups off."""
+        with self._lock:
+            return sorted(self._excluded)
 
     def resume_from(self) -> Any:
         """The checkpoint a restart resumes from when it is not Ray's latest (else None)."""
@@ -136,11 +170,35 @@ class FleetActions:
             left, self._waiting = self._waiting, []
         self._write("actions", [_final_outcome(line, self._stop_delivered) for line in left])
 
-    # ------------------------------------------------------------------ an alarm
-    def on_alarm(self, alarm: dict[str, Any]) -> None:
-        line = self._planner.decide(alarm)
-        if line is None:
-            return
+    # ------------------------------------------------------------------ alarms
+    def on_alarms(self, alarms: list[dict[str, Any]]) -> None:
+        """Alarms that came together (one check's, or one alarm): the most severe one's action is
+        carried out, every other one's line says it was superseded (fleet/actions.py)."""
+        decided = self._planner.decide_check([self._within_reach(a) for a in alarms])
+        for line, alarm in decided:
+            if line["outcome"] == "requested":
+                self._act(line, alarm)
+            else:
+                self._write("actions", [line])
+
+    def _within_reach(self, alarm: dict[str, Any]) -> dict[str, Any]:
+        """`alarm`, with an evict that would reach every rank (a collective hang names them all)
+        turned into a diagnose and a reattempt, and why."""
+        chain = self._planner.chain_of(alarm)
+        if chain[-1] != "evict":
+            return alarm
+        with self._lock:
+            known = set(self._ranks.get(alarm.get("attempt") or 0, {}))
+        named = set(alarm.get("ranks") or [])
+        if named and not (known and named >= known):
+            return alarm
+        why = (
+            f"the alarm names every rank ({len(named or known)} of {len(known) or '?'}): an evict would take every node "
+            "of the group, so it diagnoses and restarts the group instead"
+        )
+        return {**alarm, "chain": ["diagnose", "reattempt"], "requested": list(chain), "bounded_by": why}
+
+    def _act(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
         if line["action"] in RESTARTS:
             line = self._choose_checkpoint(line)
         self._write("actions", [line])
@@ -210,9 +268,10 @@ class FleetActions:
             self._end_stuck_ranks(line, attempt)
 
     def _evict(self, line: dict[str, Any]) -> str | None:
-        """Drain the nodes of the line's ranks: what the restart's message says of it ("" when
-        no node could be evicted and the group only restarts), or None when Ray refused every
-        drain (the action then falls back to logging, said)."""
+        """Keep the line's ranks' nodes out of the run (or drain them, `evict_scope="cluster"`):
+        what the restart's message says of it ("" when no node could be evicted and the group
+        only restarts, said), or None when Ray refused every drain (the action then falls back
+        to logging, said)."""
         with self._lock:
             known = self._ranks.get(line.get("attempt") or 0, {})
             nodes = {known[r].node_id: known[r].node for r in line["ranks"] if r in known}
@@ -221,15 +280,74 @@ class FleetActions:
             return ""
         try:
             kept = _never_evicted(self._driver_node)
-        except Exception as e:  # without it no node is known to be safe to drain
+        except Exception as e:  # without it no node is known to be safe to evict
             self._fall_back_to_reattempt(line, f"the head node is not known ({type(e).__name__}: {e})")
             return ""
-        refused: list[str] = []
+        refused = [f"node {name} is {kept[node_id]}, which is never evicted" for node_id, name in nodes.items() if node_id in kept]
+        chosen = {node_id: name for node_id, name in sorted(nodes.items(), key=lambda n: n[1]) if node_id not in kept}
+        if not chosen:
+            self._fall_back_to_reattempt(line, "; ".join(refused))
+            return ""
+        bound = self._settings.max_evict_nodes
+        if len(chosen) > bound:
+            self._fall_back_to_reattempt(
+                line,
+                f"the named ranks run on {len(chosen)} nodes, more than max_evict_nodes ({bound}) allows in one evict",
+            )
+            return ""
+        no_room = self._no_room_without(chosen)
+        if no_room is not None:
+            self._fall_back_to_reattempt(line, no_room)
+            return ""
+        if self._settings.evict_scope == "run":
+            with self._lock:
+                self._excluded.update(chosen)
+            evicted, how = chosen, "kept out of this run"
+        else:
+            drained = self._drain(line, chosen, refused)
+            if drained is None:
+                return None
+            evicted, how = drained, "drained for the whole cluster"
+        outcome: dict[str, Any] = {
+            "event": "outcome",
+            "id": line["id"],
+            "evicted": list(evicted.values()),
+            "evicted_ids": list(evicted),
+            "scope": self._settings.evict_scope,
+        }
+        if refused:
+            outcome["reason"] = "; ".join(refused)
+        self._write("actions", [outcome])
+        named = ", ".join(f"{name} ({node_id[:8]})" for node_id, name in evicted.items())
+        return f"evicted node{'s' if len(evicted) > 1 else ''} {named} ({how}); "
+
+    def _no_room_without(self, chosen: dict[str, str]) -> str | None:
+        """Why a fixed-size group would find no room once `chosen` (and the nodes evicted before)
+        are out, or None when it fits. Counted on the alive nodes' total resources: what other
+        runs hold at that moment is not known here."""
+        if self._shape is None:
+            return None
+        with self._lock:
+            out = set(self._excluded) | set(chosen)
+        try:
+            nodes = [resources for node_id, resources in _alive_nodes().items() if node_id not in out]
+        except Exception as e:
+            return f"the cluster's nodes could not be read ({type(e).__name__}: {e})"
+        room = self._shape.room(nodes)
+        if room >= self._shape.workers:
+            return None
+        need = ", ".join(f"{v:g} {k}" for k, v in sorted(self._shape.need.items()))
+        return (
+            f"without node{'s' if len(chosen) > 1 else ''} {', '.join(chosen.values())} the cluster has room for "
+            f"{room} of the group's {self._shape.workers} workers ({need} each): the group would wait for a node "
+            "that may never come"
+        )
+
+    def _drain(self, line: dict[str, Any], chosen: dict[str, str], refused: list[str]) -> dict[str, str] | None:
+        """Drain `chosen` through Ray's GCS; the nodes drained, or None when Ray refused every one
+        (the alarm then only logs, said)."""
         drained: dict[str, str] = {}  # node id -> name
-        for node_id, name in sorted(nodes.items(), key=lambda n: n[1]):
-            if node_id in kept:
-                refused.append(f"node {name} is {kept[node_id]}, which is never evicted")
-                continue
+        for node_id, name in chosen.items():
             why = f"ray-ormas: {line['alarm']} alarm on ranks {line['ranks']}, run step {line.get('run_step')}"
             try:
                 rejection = drain_node(node_id, why)
@@ -239,24 +357,11 @@ class FleetActions:
                 drained[node_id] = name
             else:
                 refused.append(f"Ray refused to drain node {name}: {rejection}")
-        if not drained and any(r.startswith("Ray refused") for r in refused):
+        if not drained:
             self._planner.released(line.get("attempt"))
             self._write("actions", [{"event": "outcome", "id": line["id"], **fall_back({}, "; ".join(refused))}])
             return None
-        if not drained:
-            self._fall_back_to_reattempt(line, "; ".join(refused))
-            return ""
-        outcome: dict[str, Any] = {
-            "event": "outcome",
-            "id": line["id"],
-            "evicted": list(drained.values()),
-            "evicted_ids": list(drained),
-        }
-        if refused:
-            outcome["reason"] = "; ".join(refused)
-        self._write("actions", [outcome])
-        named = ", ".join(f"{name} ({node_id[:8]})" for node_id, name in drained.items())
-        return f"evicted node{'s' if len(drained) > 1 else ''} {named} (drained); "
+        return drained
 
     def _fall_back_to_reattempt(self, line: dict[str, Any], reason: str) -> None:
         logger.warning("fleet action %d: evict falls back to reattempt: %s", line["id"], reason)
@@ -309,6 +414,11 @@ def _never_evicted(driver_node: str | None) -> dict[str, str]:
     if driver_node:
         kept.setdefault(driver_node, "the driver's node")
     return kept
+
+
+def _alive_nodes() -> dict[str, dict[str, float]]:
+    """node id -> total resources, of the nodes Ray counts as alive."""
+    return {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
 
 
 def _stacks_of(handle: RankHandle) -> str:

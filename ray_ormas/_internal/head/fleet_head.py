@@ -8,9 +8,9 @@
     a thread    every second      -> StallWatch.poll (fleet/stall.py): no new check in time, a `hang` alarm
     each complete check           -> the user's policy (head/policy_runner.py), if any: a `policy` alarm
                                      when it asks for something
-    each alarm                    -> FleetActions.on_alarm (head/fleet_actions.py): what `FleetSettings.actions`
-                                     (or the policy) asks of it; the order a rank reads at its next check is
-                                     the answer to its `fleet_facts` call
+    each check's alarms           -> FleetActions.on_alarms (head/fleet_actions.py): what `FleetSettings.actions`
+                                     (or the policy) asks of them, the most severe carried out; the order a
+                                     rank reads at its next check is the answer to its `fleet_facts` call
     driver      fit() ends        -> FleetHead.finish -> FleetSummary (result.ormas.fleet)
 
 No process of its own (the hang watch is a thread of the ledger's), and no collective or barrier
@@ -32,7 +32,7 @@ from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.stall import StallWatch
-from ray_ormas._internal.head.fleet_actions import FleetActions, RankHandle
+from ray_ormas._internal.head.fleet_actions import FleetActions, GroupShape, RankHandle
 from ray_ormas._internal.head.policy_runner import PolicyRunner
 from ray_ormas._internal.record.fleet_record import (
     CHECK_FIELDS,
@@ -64,6 +64,8 @@ class FleetSpec:
     strategy: str
     elastic: tuple[int, int] | None = None  # (min, max) workers of an elastic fit
     driver_node: str | None = None  # the driver's node (hex id): never evicted
+    worker_need: dict[str, float] | None = None  # the resources one worker asks for (ScalingConfig)
+    min_workers: int | None = None  # the fewest workers a restarted group starts with
 
 
 class FleetHead:
@@ -105,7 +107,9 @@ class FleetHead:
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
         self._lock = threading.RLock()
         self._stall = StallWatch(s.hang_after_s, spec.world)
-        self._actions = FleetActions(s, self._write_action, spec.driver_node) if s.acts else None
+        self._actions = (
+            FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
+        )
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
         self._alarms_seen: list[dict[str, Any]] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
@@ -232,6 +236,10 @@ class FleetHead:
     def stop_message(self) -> str | None:
         return self._actions.stop_message() if self._actions is not None else None
 
+    def excluded_nodes(self) -> list[str]:
+        """The nodes a run-scoped evict keeps this run's later worker groups off."""
+        return self._actions.excluded_nodes() if self._actions is not None else []
+
     def _write_action(self, name: str, lines: list[dict[str, Any]]) -> None:
         """Action and stack lines: to the record, one console line each, MLflow and Ray's counter."""
         if not lines:
@@ -298,8 +306,8 @@ class FleetHead:
             self._alarms_seen += alarms
             for a in alarms:
                 logger.warning("fleet %s: %s", a["kind"], a["message"])
-                if self._actions is not None:
-                    self._actions.on_alarm(a)
+            if self._actions is not None and alarms:
+                self._actions.on_alarms(alarms)  # one decision for the check: the most severe
             if self._gauges is not None:
                 self._gauges.update(lines, loss_mean, alarms)
             if self._tracking is not None:
@@ -330,7 +338,8 @@ def _say_action(line: dict[str, Any]) -> None:
         reason = f": {line['reason']}" if line.get("reason") else ""
         said = line.get("outcome") or line.get("diagnosed")
         if said is None and line.get("evicted"):
-            said = "drained " + ", ".join(f"{n} ({i[:8]})" for n, i in zip(line["evicted"], line["evicted_ids"]))
+            how = "drained for the whole cluster: " if line.get("scope") == "cluster" else "kept out of this run: "
+            said = how + ", ".join(f"{n} ({i[:8]})" for n, i in zip(line["evicted"], line["evicted_ids"]))
         if said is None and line.get("action"):
             said = f"{line['action']} instead"
         logger.warning("fleet action %d: %s%s%s", line["id"], said, extra, reason)
@@ -338,14 +347,16 @@ def _say_action(line: dict[str, Any]) -> None:
     ranks = ", ".join(map(str, line.get("ranks") or [])) or "-"
     what = ("diagnose, then " if line.get("diagnose") else "") + str(line["action"])
     chosen = f", from checkpoint {line['checkpoint']} ({line['why']})" if line.get("checkpoint") else ""
+    outcome = f": {line['outcome']}" if line.get("outcome") not in (None, "requested") else ""  # bounded, ...
     reason = f" ({line['reason']})" if line.get("reason") else ""
     logger.warning(
-        "fleet action %d: %s after the %s alarm on ranks %s at run step %s%s%s",
+        "fleet action %d: %s after the %s alarm on ranks %s at run step %s%s%s%s",
         line["id"],
         what,
         line["alarm"],
         ranks,
         line.get("run_step"),
         chosen,
+        outcome,
         reason,
     )

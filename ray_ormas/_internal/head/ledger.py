@@ -167,6 +167,11 @@ class RunLedger:
         if self._fleet is not None:
             self._fleet.rank_joined(self.begin_attempt(token), rank, actor, node_id, node, pid)
 
+    def excluded_nodes(self) -> list[str]:
+        """The nodes (hex ids) this run's fleet evicted from its later worker groups (asked by the
+        controller before each group starts, head/placement_callback.py)."""
+        return self._fleet.excluded_nodes() if self._fleet is not None else []
+
     def checkpoint_taken(self, run_step: int | None, checkpoint: Any) -> None:
         """The controller registered a checkpoint reported at rank 0's `run_step`."""
         if self._fleet is not None and isinstance(run_step, int):

@@ -232,7 +232,8 @@ def action_text(line: dict[str, Any]) -> str:
     if line.get("seconds") is not None:
         text += f", training again {line['seconds']} s after the alarm"
     if line.get("evicted"):
-        text += f", node{'s' if len(line['evicted']) > 1 else ''} {', '.join(line['evicted'])} drained"
+        how = "drained for the whole cluster" if line.get("scope") == "cluster" else "kept out of this run"
+        text += f", node{'s' if len(line['evicted']) > 1 else ''} {', '.join(line['evicted'])} {how}"
     if line.get("resumed_run_step") is not None:
         text += f", resumed at run step {line['resumed_run_step']}"
     elif line.get("checkpoint_run_step") is not None:

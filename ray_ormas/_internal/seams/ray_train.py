@@ -35,6 +35,13 @@ upstream change that would let it go.
   has no public call for it (the hidden `ray drain-node` command uses the same private client).
   Checked: `ray._raylet.GcsClient`, the `drain_node` of the inner client it forwards to, and the
   reason's name in Ray's autoscaler protocol.
+* `controller_callback_class()` and `exclusion_selector(node_ids)`: the run-scoped `evict`
+  (head/placement_callback.py). Ray Train 2.60 asks each `ControllerCallback` in
+  `RunConfig.callbacks` for a label selector before it starts a worker group
+  (`on_controller_start_worker_group`), and places the group's bundles only where the selector
+  matches; a node's id is its `ray.io/node-id` label, and `!in(a, b)` keeps a bundle off those
+  nodes. The class is not exported by `ray.train`. Checked: the module, the class, the hook's
+  keyword parameters, and the label's name against `ray.util.placement_group.NODE_ID_LABEL_KEY`.
 * `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
   `ActorDiedError` (or `RayTaskError`) carries as text (driver/failures.py). When a traceback ends
   without one, Ray's format changed: said once, and the whole text is used.
@@ -85,6 +92,9 @@ PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 REPORT_LOG_MODULE = "ray.train.v2._internal.execution.context"
 REPORT_LINE_PREFIX = "Reporting training result"
+CONTROLLER_CALLBACK = ("ray.train.v2._internal.execution.callback", "ControllerCallback")
+GROUP_START_HOOK = ("on_controller_start_worker_group", ("self", "scaling_config", "num_workers"))
+NODE_ID_LABEL = "ray.io/node-id"
 DRAIN_CLIENT = ("ray._raylet", "GcsClient", "InnerGcsClient", "drain_node")  # GcsClient forwards to the inner one
 DRAIN_REASONS = ("ray.core.generated.autoscaler_pb2", "DrainNodeReason", "DRAIN_NODE_REASON_PREEMPTION")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Failure)\w*)(: .*)?$")
@@ -211,6 +221,29 @@ def drain_node(node_id: str, message: str) -> str | None:
     client = client_class(address=ray.get_runtime_context().gcs_address)
     accepted, rejection = client.drain_node(node_id, reason, message, 0)
     return None if accepted else str(rejection or "refused without a reason")
+
+
+@functools.cache
+def controller_callback_class() -> type:
+    """Ray Train's `ControllerCallback`, checked to ask for a label selector before each worker
+    group starts (`RaySeamChanged` if not)."""
+    piece = "keeps a run's later worker groups off an evicted node with a label selector on the group's placement"
+    module, name = CONTROLLER_CALLBACK
+    cls = _ray_constant(module, name, piece)
+    hook, parameters = GROUP_START_HOOK
+    method = getattr(cls, hook, None)
+    if not callable(method):
+        raise changed(piece, f"{module}.{name}.{hook} is gone")
+    got = tuple(inspect.signature(method).parameters)
+    if got != parameters:
+        raise changed(piece, f"{name}.{hook} takes {got}, not {parameters}")
+    _same_as_rays(NODE_ID_LABEL, "ray.util.placement_group", "NODE_ID_LABEL_KEY", piece, "a node's id label is")
+    return cls
+
+
+def exclusion_selector(node_ids: list[str]) -> dict[str, str]:
+    """The label selector that keeps a bundle off every node in `node_ids` (hex ids)."""
+    return {NODE_ID_LABEL: f"!in({', '.join(sorted(node_ids))})"}
 
 
 class _ReportLineFilter(logging.Filter):
