@@ -138,7 +138,9 @@ class FleetSettings:
         description="what an alarm does, by kind: log (default), reattempt, evict, stop, or [diagnose, then]",
     )
     max_actions: int = Field(
-        default=3, ge=0, description="at most this many actions per fit (0: every alarm only logs); then alarms only log"
+        default=3,
+        ge=0,
+        description="at most this many actions per fit (0: every alarm only logs); then alarms only log",
     )
     evict_scope: EvictScope = Field(
         default="run",

@@ -89,4 +89,6 @@ def build(cls: type[T], prefix: str | None = None, **options: Any) -> T:
         validation = e if isinstance(e, ValidationError) else getattr(e, VALIDATION, None)
         if validation is None:
             raise
-        raise OptionError("; ".join(describe_errors(validation, f"{cls.__name__}." if prefix is None else prefix))) from None
+        raise OptionError(
+            "; ".join(describe_errors(validation, f"{cls.__name__}." if prefix is None else prefix))
+        ) from None

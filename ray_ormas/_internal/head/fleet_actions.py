@@ -74,8 +74,7 @@ class GroupShape:
     def room(self, nodes: list[dict[str, float]]) -> int:
         """How many of the group's workers `nodes` (each node's total resources) can hold."""
         return sum(
-            min((int(float(node.get(k, 0)) // v) for k, v in self.need.items() if v > 0), default=0)
-            for node in nodes
+            min((int(float(node.get(k, 0)) // v) for k, v in self.need.items() if v > 0), default=0) for node in nodes
         )
 
 
@@ -193,8 +192,8 @@ class FleetActions:
         if named and not (known and named >= known):
             return alarm
         why = (
-            f"the alarm names every rank ({len(named or known)} of {len(known) or '?'}): an evict would take every node "
-            "of the group, so it diagnoses and restarts the group instead"
+            f"the alarm names every rank ({len(named or known)} of {len(known) or '?'}): an evict would take "
+            "every node of the group, so it diagnoses and restarts the group instead"
         )
         return {**alarm, "chain": ["diagnose", "reattempt"], "requested": list(chain), "bounded_by": why}
 
@@ -283,7 +282,11 @@ class FleetActions:
         except Exception as e:  # without it no node is known to be safe to evict
             self._fall_back_to_reattempt(line, f"the head node is not known ({type(e).__name__}: {e})")
             return ""
-        refused = [f"node {name} is {kept[node_id]}, which is never evicted" for node_id, name in nodes.items() if node_id in kept]
+        refused = [
+            f"node {name} is {kept[node_id]}, which is never evicted"
+            for node_id, name in nodes.items()
+            if node_id in kept
+        ]
         chosen = {node_id: name for node_id, name in sorted(nodes.items(), key=lambda n: n[1]) if node_id not in kept}
         if not chosen:
             self._fall_back_to_reattempt(line, "; ".join(refused))

@@ -107,9 +107,7 @@ class FleetHead:
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
         self._lock = threading.RLock()
         self._stall = StallWatch(s.hang_after_s, spec.world)
-        self._actions = (
-            FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
-        )
+        self._actions = FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
         self._alarms_seen: list[dict[str, Any]] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
