@@ -267,7 +267,8 @@ class RayOrmasTrainer:
         acts = self.fleet is not None and self.fleet.acts
         callback = LedgerCallback(ledger, tracking is not None, acts)
         # A run-scoped evict keeps the run's later worker groups off the evicted nodes.
-        placement = [node_exclusion_callback(ledger)] if acts and self.fleet.evict_scope == "run" else []
+        run_scoped = self.fleet is not None and self.fleet.acts and self.fleet.evict_scope == "run"
+        placement = [node_exclusion_callback(ledger)] if run_scoped else []
         plan = WorkerPlan(
             settings=self.settings,
             strategy=self.strategy,
