@@ -27,6 +27,7 @@ on the session's shared busy fit, with Ray's exported metrics.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,8 +274,8 @@ def test_a_restart_after_damage_skips_the_checkpoints_taken_after_the_last_clean
     ],
 )
 def test_bad_actions_are_refused_naming_the_option(actions, words):
-    pattern = "actions\n  Value error, " + words.replace("[", r"\[").replace("(", r"\(")
-    with pytest.raises(ValueError, match=pattern):
+    pattern = "^FleetSettings.actions: " + words.replace("[", r"\[").replace("(", r"\(")
+    with pytest.raises(ray_ormas.OptionError, match=pattern):  # a ValueError too
         FleetSettings(actions=actions)
     with pytest.raises(ray_ormas.OptionError, match="^FleetSettings.actions: "):  # as a YAML config's error says it
         build(FleetSettings, actions=actions)
@@ -438,14 +439,14 @@ def _evicting_fleet(monkeypatch, written: list[dict], **settings) -> Any:
         for rank, node in ((0, "head-node"), (1, "w1"), (2, "w2")):
             acts.rank_joined(attempt, fleet_actions.RankHandle(rank, None, node, f"name-{node}", 100 + rank))
     monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
-    monkeypatch.setattr(fleet_actions, "_stacks_of", lambda handle: f"the stack of rank {handle.rank}")
+    monkeypatch.setattr(fleet_actions, "_stacks_of_ranks", lambda handles: {h.rank: f"stack {h.rank}" for h in handles})
     one = {"CPU": 1.0, "slot": 1.0}
     nodes = {"head-node": one, "w1": one, "w2": one, "spare": one}
     monkeypatch.setattr(fleet_actions, "_alive_nodes", lambda: nodes)
     return acts
 
 
-def _no_drain(node_id: str, why: str) -> str:
+def _no_drain(node_id: str, why: str, timeout_s: float) -> str:
     raise AssertionError("a run-scoped evict must not drain")
 
 
@@ -456,6 +457,7 @@ def test_an_evict_is_the_runs_by_default_and_drains_nothing(monkeypatch):
     acts = _evicting_fleet(monkeypatch, written)
     monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
     acts.on_alarms([{**alarm("straggler"), "ranks": [1]}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
     [line, outcome] = written
     assert (line["action"], outcome["evicted_ids"], outcome["scope"]) == ("evict", ["w1"], "run")
@@ -467,15 +469,19 @@ def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
 
     written: list[dict] = []
     acts = _evicting_fleet(monkeypatch, written, evict_scope="cluster")
-    monkeypatch.setattr(fleet_actions, "drain_node", lambda node_id, why: "the node is already being drained")
+    monkeypatch.setattr(
+        fleet_actions, "drain_node", lambda node_id, why, timeout_s: "the node is already being drained"
+    )
     # On the head node: never evicted, the group restarts instead (still an action).
     acts.on_alarms([{**alarm("straggler"), "ranks": [0]}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.order_for(0)["action"] == "reattempt" and acts._planner.taken == 1
     fell = written[-1]
     assert fell["action"] == "reattempt"
     assert fell["reason"] == "node name-head-node is the head node, which is never evicted"
     # A drain Ray refuses: the alarm only logs, with Ray's reason, and it does not count.
     acts.on_alarms([{**alarm("straggler"), "attempt": 1, "ranks": [1]}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     refused = written[-1]
     assert (refused["action"], refused["outcome"]) == ("log", "failed") and acts.order_for(1) is None
     assert refused["reason"] == "Ray refused to drain node name-w1: the node is already being drained"
@@ -490,19 +496,22 @@ def test_an_evict_is_bounded_in_nodes_in_room_and_never_reaches_every_rank(monke
     monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
     # Two nodes named, max_evict_nodes=1: the group restarts, nothing is excluded.
     acts.on_alarms([{**alarm("straggler"), "ranks": [1, 2], "attempt": 0}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == []
     assert "run on 2 nodes, more than max_evict_nodes (1)" in written[-1]["reason"]
     # Every rank named (as a collective hang names them): stacks first, then a restart, and why.
     acts.on_alarms([{**alarm("straggler"), "ranks": [0, 1, 2], "attempt": 1}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     every = next(x for x in written if x.get("attempt") == 1 and "action" in x)
     assert (every["action"], every["diagnose"], every["requested"]) == ("reattempt", True, ["evict"])
     assert "names every rank (3 of 3)" in every["reason"]
-    acts.wait_for_diagnoses()
     assert acts.order_for(1)["action"] == "reattempt" and acts.excluded_nodes() == []
     # One node out leaves room (the spare); a second would leave two slots for three workers.
     acts.on_alarms([{**alarm("straggler"), "ranks": [1], "attempt": 2}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.excluded_nodes() == ["w1"]
     acts.on_alarms([{**alarm("straggler"), "ranks": [2], "attempt": 3}])
+    acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.order_for(3)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
     assert "the cluster has room for 2 of the group's 3 workers" in written[-1]["reason"]
 
@@ -535,3 +544,104 @@ def test_an_evict_on_a_cluster_of_one_node_is_said_before_the_fit(caplog):
     assert "use 'reattempt'" in said
     assert lone_node_eviction(FleetSettings(actions={"straggler": "reattempt"})) is None
     assert lone_node_eviction(None) is None
+
+
+def sleep_a_minute_at_check_1(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A policy that stalls: at check 1 it sleeps 60 s before it answers."""
+    if view.check == 1:
+        time.sleep(60)
+    return None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stall", ["policy", "py-spy", "drain"])
+def test_the_ledger_keeps_answering_while_a_policy_a_drain_or_py_spy_never_returns(stall, monkeypatch, tmp_path):
+    # The run ledger's own class, in this process, on an event loop that also ticks every 10 ms:
+    # the longest gap between ticks is the longest the ledger could not answer. One stall each: a
+    # policy that sleeps 60 s (its limit lowered to 1 s); or a NaN whose action is
+    # ["diagnose", "evict"] (a drain for the whole cluster) with a py-spy, or a drain, that never
+    # returns (replaced seams). The fit then ends: nothing the stuck action does reaches the record.
+    import asyncio
+    import threading
+
+    from ray_ormas._internal.fleet.facts import RankFacts
+    from ray_ormas._internal.head import fleet_actions, policy_runner
+    from ray_ormas._internal.head.fleet_head import FleetSpec
+    from ray_ormas._internal.head.ledger import Ledger
+    from ray_ormas._internal.record.store import RecordStore
+
+    never = threading.Event()
+    drained: list[str] = []
+
+    def drain(node_id: str, why: str, timeout_s: float) -> None:
+        drained.append(node_id)
+        never.wait(60)
+
+    def stacks(handles: list) -> dict:
+        if stall == "py-spy":
+            never.wait(60)
+        return {h.rank: f"stack {h.rank}" for h in handles}
+
+    monkeypatch.setattr(policy_runner, "POLICY_LIMIT_S", 1.0)
+    monkeypatch.setattr(fleet_actions, "ACTION_WAIT_S", 1.0)
+    monkeypatch.setattr(fleet_actions, "_stacks_of_ranks", stacks)
+    monkeypatch.setattr(fleet_actions, "drain_node", drain)
+    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {})
+    monkeypatch.setattr(fleet_actions, "_alive_nodes", lambda: {n: {"CPU": 1.0} for n in ("w0", "w1", "spare")})
+    settings = FleetSettings(
+        ray_metrics=False,
+        actions={"nonfinite": ["diagnose", "evict"]} if stall != "policy" else {},
+        evict_scope="cluster",
+        policy=sleep_a_minute_at_check_1 if stall == "policy" else None,
+    )
+    ledger = Ledger(None, FleetSpec(settings, RecordStore.at(str(tmp_path)), "fit", "run", 2, "ddp", min_workers=2))
+
+    def facts(rank: int, check: int, nan: bool = False) -> RankFacts:
+        return RankFacts(
+            rank=rank, check=check, step=check * 5, node=f"name-w{rank}", data_s=0.001, forward_s=0.01,
+            wall_s=0.02, timed_steps=5, forwards=5, loss=float("nan") if nan else 1.0, nonfinite_loss=nan,
+            digest="d", groups=("d",),
+        )  # fmt: skip
+
+    async def run() -> tuple[float, list, Any]:
+        gaps, ticking = [0.0], True
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while ticking:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        for rank in (0, 1):
+            ledger.fleet_rank("t0", rank, None, f"w{rank}", f"name-w{rank}", 100 + rank)
+        answers = []
+        for check in range(5):
+            nan = stall != "policy" and check == 3
+            answers += await asyncio.gather(
+                *(ledger.fleet_facts("t0", facts(r, check, nan and r == 1)) for r in (0, 1))
+            )
+            if check == 1:  # a checkpoint before the NaN, to restart from
+                ledger.checkpoint_taken(5, "checkpoint-at-5")
+        await asyncio.sleep(1.5)  # the action is stuck meanwhile
+        summary = await ledger.finish_fleet()
+        ticking = False
+        await ticker
+        return max(gaps), answers, summary
+
+    longest, answers, summary = asyncio.run(run())
+    never.set()
+    print(f"{stall}: the longest the ledger did not answer: {longest * 1000:.0f} ms")
+    assert longest < 1.0, longest
+    assert answers == [None] * 10  # no order was ever given: the stuck action never carried out
+    if stall == "policy":
+        [policy] = [a for a in summary.alarms if a["kind"] == "policy"]
+        assert "sleep_a_minute_at_check_1 gave no answer within 1 s (its time limit)" in policy["message"]
+        assert summary.actions == []
+        return
+    [action] = summary.actions
+    assert (action["alarm"], action["action"], action["diagnose"]) == ("nonfinite", "evict", True)
+    assert ("stacks" in action) == (stall == "drain") and drained == (["w1"] if stall == "drain" else [])
+    assert action["outcome"] == "not carried out" and "the fit ended while the action was under way" in action["reason"]

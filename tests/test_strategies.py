@@ -190,9 +190,9 @@ def test_a_global_batch_that_does_not_split_is_refused_on_the_driver():
         )
     assert BatchSize(32).effective(4) == 128 and BatchSize(32, accumulation=2).per_rank(4) == 32
     for bad, words in [
-        ({"size": 0}, "size\n  Input should be greater than or equal to 1"),
+        ({"size": 0}, "size: Input should be greater than or equal to 1"),
         ({"size": 8, "per": "node"}, "'rank' or 'global'"),
-        ({"size": 8, "accumulation": 0}, "accumulation\n  Input should be greater than or equal to 1"),
+        ({"size": 8, "accumulation": 0}, "accumulation: Input should be greater than or equal to 1"),
     ]:
         with pytest.raises(ValueError, match=words):
             BatchSize(**bad)

@@ -163,6 +163,8 @@ NOT_DEFAULT = {
         "hang_after_s": (30, 30.0),
         "actions": ({"hang": "stop"}, {"hang": ("stop",)}),
         "max_actions": (5, 5),
+        "evict_scope": ("cluster", "cluster"),
+        "max_evict_nodes": (2, 2),
         "policy": ("tests.loops:diagnose_rank_1_at_check_3", diagnose_rank_1_at_check_3),
     },
     BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},

@@ -263,7 +263,7 @@ class RayOrmasTrainer:
                 min_workers=int(self.scaling_config.min_workers),
             )
         )
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)  # type: ignore[attr-defined]  # a Ray actor class
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)
         acts = self.fleet is not None and self.fleet.acts
         callback = LedgerCallback(ledger, tracking is not None, acts)
         # A run-scoped evict keeps the run's later worker groups off the evicted nodes.

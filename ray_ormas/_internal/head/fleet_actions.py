@@ -43,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +57,9 @@ from ray_ormas._internal.seams.ray_train import drain_node, head_node_resource
 
 logger = get_logger("ray_ormas.fleet")
 STACK_TIMEOUT_S = 30.0  # py-spy's dump of one rank
+STACKS_BOUND_S = STACK_TIMEOUT_S + 15  # every named rank's dump, in parallel; later ones are cancelled
+DRAIN_TIMEOUT_S = 10.0  # Ray's GCS answering a drain (evict_scope="cluster")
+ACTION_WAIT_S = STACKS_BOUND_S + DRAIN_TIMEOUT_S + 5  # the longest the fit's end waits for an action under way
 STACK_CHARS = 20_000  # at most this much of one rank's stacks is kept
 
 
@@ -113,7 +117,12 @@ class FleetActions:
         self._stop: str | None = None
         self._stop_delivered = False
         self._resumed: str | None = None  # the checkpoint the last restart was told to resume from
-        self._diagnoses: list[threading.Thread] = []
+        # Evicts and diagnoses call out (Ray's GCS, py-spy on a node): one at a time, on a thread
+        # of their own, never on the caller's (the ledger's event loop, the hang watch).
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-ormas-fleet-action")
+        self._under_way: list[Future[None]] = []
+        self._in_flight: dict[int, dict[str, Any]] = {}  # action id -> its line, while on the action thread
+        self._closed = threading.Event()  # the fit ended: nothing more is carried out or written
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ what the head tells it
@@ -164,10 +173,19 @@ class FleetActions:
         self._write("actions", lines)
 
     def finished(self) -> None:
-        """The fit ended: orders no rank read are said as such."""
+        """The fit ended: orders no rank read are said as such, and an action still under way
+        is dropped (it neither carries out the rest of its chain nor writes)."""
+        self._closed.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             left, self._waiting = self._waiting, []
-        self._write("actions", [_final_outcome(line, self._stop_delivered) for line in left])
+            stuck, self._in_flight = list(self._in_flight.values()), {}
+        cut = f"the fit ended while the action was under way (its end waited {ACTION_WAIT_S:g} s for it)"
+        self._write(
+            "actions",
+            [_final_outcome(line, self._stop_delivered) for line in left]
+            + [{"event": "outcome", "id": line["id"], "outcome": "not carried out", "reason": cut} for line in stuck],
+        )
 
     # ------------------------------------------------------------------ alarms
     def on_alarms(self, alarms: list[dict[str, Any]]) -> None:
@@ -201,21 +219,21 @@ class FleetActions:
         if line["action"] in RESTARTS:
             line = self._choose_checkpoint(line)
         self._write("actions", [line])
-        if not line["diagnose"]:
-            self._carry_out(line, alarm)
+        if not line["diagnose"] and line["action"] != "evict":
+            self._carry_out(line, alarm)  # an order, and for a hang its workers ended: nothing to wait on
             return
-        thread = threading.Thread(
-            target=self._diagnose_then, args=(line, alarm), name="ray-ormas-diagnose", daemon=True
-        )
-        self._diagnoses.append(thread)
-        thread.start()
+        try:
+            with self._lock:
+                self._in_flight[line["id"]] = line
+            self._under_way.append(self._pool.submit(self._off_the_caller, line, alarm))
+        except RuntimeError:  # the fit has ended (the pool is shut down)
+            self._outcome(line, "not carried out", "the fit ended before the action could start")
 
-    def wait_for_diagnoses(self) -> None:
-        """The fit ends: let the stacks being captured reach the record (at most STACK_TIMEOUT_S
-        more). Called without the fleet head's lock, which a diagnose needs to write."""
-        deadline = time.monotonic() + STACK_TIMEOUT_S + 5
-        for thread in self._diagnoses:
-            thread.join(max(0.0, deadline - time.monotonic()))
+    def wait_for_actions(self) -> None:
+        """The fit ends, or its ranks ended their loop: let the actions under way (stacks being
+        captured, an evict) reach the record, at most ACTION_WAIT_S more. Called without the
+        fleet head's lock, which an action needs to write."""
+        wait(self._under_way, timeout=ACTION_WAIT_S)
 
     def _choose_checkpoint(self, line: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -353,7 +371,7 @@ class FleetActions:
         for node_id, name in chosen.items():
             why = f"ray-ormas: {line['alarm']} alarm on ranks {line['ranks']}, run step {line.get('run_step')}"
             try:
-                rejection = drain_node(node_id, why)
+                rejection = drain_node(node_id, why, DRAIN_TIMEOUT_S)
             except Exception as e:  # a changed Ray (RaySeamChanged) or an unreachable GCS: said, never the fit's end
                 rejection = f"{type(e).__name__}: {e}"
             if rejection is None:
@@ -388,25 +406,41 @@ class FleetActions:
         self._write("actions", [{"event": "outcome", "id": line["id"], "outcome": outcome, "reason": reason}])
 
     # ------------------------------------------------------------------ diagnose
-    def _diagnose_then(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
+    def _off_the_caller(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
+        """On the action thread: the stacks first, when asked, then the action, unless the fit
+        has ended meanwhile."""
         try:
-            with self._lock:
-                known = self._ranks.get(line.get("attempt") or 0, {})
-                targets = [known[r] for r in line["ranks"] if r in known]
-            stacks = [{"id": line["id"], "rank": h.rank, "node": h.node, "stack": _stacks_of(h)} for h in targets]
-            self._write("stacks", stacks)
-            said = (
-                f"stacks of ranks {', '.join(str(h.rank) for h in targets)}"
-                if targets
-                else "no stacks: the named ranks' workers are not known to the head"
-            )
-            if not targets:
-                logger.warning("fleet action %d: %s", line["id"], said)
-            done = {"outcome": "done"} if line["action"] == "log" else {}  # a diagnose alone is done here
-            self._write("actions", [{"event": "outcome", "id": line["id"], "diagnosed": said, **done}])
-            self._carry_out(line, alarm)
+            if line["diagnose"]:
+                self._diagnose(line)
+            if not self._closed.is_set():
+                self._carry_out(line, alarm)
         except Exception as e:  # never the fit's end
-            self._outcome(line, "failed", f"{type(e).__name__}: {e}")
+            if not self._closed.is_set():
+                self._outcome(line, "failed", f"{type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                self._in_flight.pop(line["id"], None)
+
+    def _diagnose(self, line: dict[str, Any]) -> None:
+        """py-spy's dumps of the named ranks, taken in parallel on their nodes, into the record."""
+        with self._lock:
+            known = self._ranks.get(line.get("attempt") or 0, {})
+            targets = [known[r] for r in line["ranks"] if r in known]
+        stacks = _stacks_of_ranks(targets) if targets else {}
+        if self._closed.is_set():
+            return
+        self._write(
+            "stacks", [{"id": line["id"], "rank": h.rank, "node": h.node, "stack": stacks[h.rank]} for h in targets]
+        )
+        said = (
+            f"stacks of ranks {', '.join(str(h.rank) for h in targets)}"
+            if targets
+            else "no stacks: the named ranks' workers are not known to the head"
+        )
+        if not targets:
+            logger.warning("fleet action %d: %s", line["id"], said)
+        done = {"outcome": "done"} if line["action"] == "log" else {}  # a diagnose alone is done here
+        self._write("actions", [{"event": "outcome", "id": line["id"], "diagnosed": said, **done}])
 
 
 def _never_evicted(driver_node: str | None) -> dict[str, str]:
@@ -424,15 +458,32 @@ def _alive_nodes() -> dict[str, dict[str, float]]:
     return {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
 
 
-def _stacks_of(handle: RankHandle) -> str:
-    """py-spy's dump of one rank's process, run on its node; the reason when it cannot."""
+def _stacks_of_ranks(handles: list[RankHandle]) -> dict[int, str]:
+    """rank -> py-spy's dump of its process, run on its node, all at once; the reason when it
+    cannot. A dump not back within STACKS_BOUND_S is cancelled."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    try:
-        task = _dump.options(scheduling_strategy=NodeAffinitySchedulingStrategy(handle.node_id, soft=False))
-        return str(ray.get(task.remote(handle.pid), timeout=STACK_TIMEOUT_S + 15))[:STACK_CHARS]
-    except Exception as e:
-        return f"could not capture the stacks of rank {handle.rank}: {type(e).__name__}: {e}"
+    said: dict[int, str] = {}
+    refs: dict[int, Any] = {}
+    for handle in handles:
+        try:
+            task = _dump.options(scheduling_strategy=NodeAffinitySchedulingStrategy(handle.node_id, soft=False))
+            refs[handle.rank] = task.remote(handle.pid)
+        except Exception as e:
+            said[handle.rank] = f"could not capture the stacks of rank {handle.rank}: {type(e).__name__}: {e}"
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=STACKS_BOUND_S) if refs else ([], [])
+    for rank, ref in refs.items():
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            said[rank] = (
+                f"could not capture the stacks of rank {rank}: no answer within {STACKS_BOUND_S:g} s (cancelled)"
+            )
+            continue
+        try:
+            said[rank] = str(ray.get(ref))[:STACK_CHARS]
+        except Exception as e:
+            said[rank] = f"could not capture the stacks of rank {rank}: {type(e).__name__}: {e}"
+    return said
 
 
 @ray.remote(num_cpus=0, max_retries=0)

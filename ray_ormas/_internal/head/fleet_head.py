@@ -1,9 +1,12 @@
 """Fleet health on the head node: where every rank's facts go, inside the run ledger actor.
 
     rank r      RankProbe.checked -> ledger.fleet_facts.remote(token, facts)     (never awaited)
-    ledger      FleetHead.facts   -> FleetAnalyzer (fleet/analysis.py): scores and alarms once a check is complete
-                                  -> the fleet record (record/fleet_record.py), one log line per alarm,
-                                     Ray's metrics (head/fleet_metrics.py), the fit's MLflow writer
+    ledger      FleetHead.analyse -> FleetAnalyzer (fleet/analysis.py): scores and alarms once a check is
+                                     complete (on the ledger's event loop: quick)
+                FleetHead.conclude-> the policy, then the fleet record (record/fleet_record.py), one log
+                                     line per alarm, Ray's metrics (head/fleet_metrics.py), the fit's MLflow
+                                     writer, the actions (in a thread of its own when a policy or an action
+                                     could wait on something outside: the ledger keeps answering)
     controller  after_exception   -> FleetHead.worker_errors (an NCCLHangError becomes an alarm)
     a thread    every second      -> StallWatch.poll (fleet/stall.py): no new check in time, a `hang` alarm
     each complete check           -> the user's policy (head/policy_runner.py), if any: a `policy` alarm
@@ -68,6 +71,17 @@ class FleetSpec:
     min_workers: int | None = None  # the fewest workers a restarted group starts with
 
 
+@dataclass(frozen=True)
+class CompleteCheck:
+    """A check every rank's facts are in for: where it is (attempt, check, step, run_step, time),
+    each rank's row, the analysis's alarms and the mean loss (`where` empty: facts it could not use)."""
+
+    where: dict[str, Any]
+    lines: list[dict[str, Any]]
+    alarms: list[dict[str, Any]]
+    loss_mean: float | None
+
+
 class FleetHead:
     """One fit's fleet view on the head node (see the module docstring)."""
 
@@ -106,6 +120,7 @@ class FleetHead:
         self._label = ranks_label({"world_size": spec.world, "elastic": spec.elastic and list(spec.elastic)})
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
         self._lock = threading.RLock()
+        self._concluding = threading.Lock()  # one check's policy and emit at a time
         self._stall = StallWatch(s.hang_after_s, spec.world)
         self._actions = FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
@@ -158,36 +173,69 @@ class FleetHead:
 
     def facts(self, attempt: int, facts: RankFacts) -> bool:
         """One rank's facts at one check (worker/fleet_probe.py); True when they completed the
-        check (its alarms, and the actions they asked for, are decided)."""
+        check (its alarms, and the actions they asked for, are decided): `analyse`, then
+        `conclude` in this thread."""
+        check = self.analyse(attempt, facts)
+        if check is None:
+            return False
+        self.conclude(check)
+        return True
+
+    @property
+    def concludes_slowly(self) -> bool:
+        """Whether concluding a check can wait on something outside (the user's policy, a
+        bounded call): then the ledger concludes off its event loop."""
+        return self._policy is not None or self._actions is not None
+
+    def analyse(self, attempt: int, facts: RankFacts) -> CompleteCheck | None:
+        """One rank's facts at one check: the check, once every rank's facts are in (else None).
+        Pure analysis, quick: the ledger calls it on its event loop."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
             with self._lock:
                 self._stall.reached(attempt, facts.rank, facts.check, time.monotonic(), facts.step)
                 outcome = self._analyzer.add(attempt, facts)
-            if outcome is None:
-                return False
-            now = round(time.time(), 3)
-            where = {
-                "attempt": outcome.attempt,
-                "check": outcome.check,
-                "step": outcome.step,
-                "run_step": outcome.run_step,
-                "time": now,
-            }
-            lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
-            alarms = [{**a, "time": now} for a in outcome.alarms]
-            if self._policy is not None:
-                alarms += self._policy.consult(where, lines, (*self._alarms_seen, *alarms), now)
-            self._last_run_step = outcome.run_step
-            self._complete += 1
-            if self._actions is not None:
-                self._actions.book.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
-            self._emit(lines, alarms, outcome.loss_mean)
+                if outcome is None:
+                    return None
+                now = round(time.time(), 3)
+                where = {
+                    "attempt": outcome.attempt,
+                    "check": outcome.check,
+                    "step": outcome.step,
+                    "run_step": outcome.run_step,
+                    "time": now,
+                }
+                lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
+                alarms = [{**a, "time": now} for a in outcome.alarms]
+                self._last_run_step = outcome.run_step
+                self._complete += 1
+                if self._actions is not None:
+                    self._actions.book.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
+                return CompleteCheck(where, lines, alarms, outcome.loss_mean)
         except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
+            return CompleteCheck({}, [], [], None)
         finally:
             self._head_s += time.thread_time() - started
-        return True
+
+    def conclude(self, check: CompleteCheck) -> None:
+        """A complete check: the user's policy (within its time limit, head/policy_runner.py),
+        then its lines, alarms and actions. One check at a time, in the order they completed."""
+        if not check.where:
+            return
+        with self._concluding:
+            started = time.thread_time()
+            try:
+                alarms = list(check.alarms)
+                if self._policy is not None:
+                    alarms += self._policy.consult(
+                        check.where, check.lines, (*self._alarms_seen, *alarms), check.where["time"]
+                    )
+                self._emit(check.lines, alarms, check.loss_mean)
+            except Exception as e:  # a malformed fact must not take the ledger down
+                logger.warning("fleet: could not conclude a check (%s: %s)", type(e).__name__, e)
+            finally:
+                self._head_s += time.thread_time() - started
 
     def _clean(self, ranks: list[dict[str, Any]]) -> bool:
         """Every loss finite and, where replicas are compared, one digest."""
@@ -199,11 +247,11 @@ class FleetHead:
         return self._actions.order_for(attempt) if self._actions is not None else None
 
     def order_at_end(self, attempt: int) -> dict[str, Any] | None:
-        """The ranks of `attempt` ended their loop: its order, once the diagnoses under way have
-        decided theirs. Called without the lock, which a diagnose needs to write."""
+        """The ranks of `attempt` ended their loop: its order, once the actions under way (a
+        diagnose, an evict) have decided theirs. Called without the lock, which they need to write."""
         if self._actions is None:
             return None
-        self._actions.wait_for_diagnoses()
+        self._actions.wait_for_actions()
         return self._actions.order_for(attempt)
 
     def incomplete(self, attempt: int) -> bool:
@@ -315,7 +363,7 @@ class FleetHead:
         """The fit ended: close the record, read it back, summarize."""
         self._finished.set()
         if self._actions is not None:
-            self._actions.wait_for_diagnoses()
+            self._actions.wait_for_actions()
         with self._lock:  # the hang watch's last poll has emitted what it had
             self._stall.winding_down()
             if self._actions is not None:

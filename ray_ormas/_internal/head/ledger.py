@@ -84,9 +84,9 @@ class LedgerSnapshot:
         return dict(self.reports[-1][0]) if self.reports and self.reports[-1] else {}
 
 
-@ray.remote(num_cpus=0)
-class RunLedger:
-    """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors."""
+class Ledger:
+    """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors.
+    Runs as the `RunLedger` actor (below); the class itself is what a test builds in-process."""
 
     def __init__(self, tracking: WriterSpec | None = None, fleet: FleetSpec | None = None) -> None:
         self._tracking: TrackingWriter | HostedWriter | None = None
@@ -139,12 +139,16 @@ class RunLedger:
         if self._fleet is None:
             return None
         attempt = self.begin_attempt(token)
-        completed = self._fleet.facts(attempt, facts)
+        check = self._fleet.analyse(attempt, facts)
+        if check is not None and self._fleet.concludes_slowly:  # a policy, an action: never on the loop
+            await asyncio.to_thread(self._fleet.conclude, check)
+        elif check is not None:
+            self._fleet.conclude(check)
         if not self._fleet.acts:
             return None
         key = (attempt, facts.check)
         done = self._checks_done.setdefault(key, asyncio.Event())
-        if completed:
+        if check is not None:
             done.set()
             self._checks_done = {k: e for k, e in self._checks_done.items() if not e.is_set()}
         elif not self._fleet.incomplete(attempt):
@@ -293,3 +297,6 @@ class RunLedger:
         if self._tracking is None:
             return None
         return await asyncio.to_thread(self._tracking.finish, status, error, final_checkpoint)
+
+
+RunLedger = ray.remote(num_cpus=0)(Ledger)  # one actor per fit, on the head node (driver/trainer.py)

@@ -5,19 +5,32 @@
                                           fleet head's actions carry it out, head/fleet_actions.py)
 
 The runner builds the `FleetView` (common/fleet_policy.py) with every rank's row of the check,
-the fit's alarms so far and the policy's own `memory`, kept for the whole fit. A policy that
-raises, or returns something other than a `FleetAction` or None, is named once as a `policy`
-alarm and not called again in the fit: the user's rule never takes the ledger down.
+the fit's alarms so far and the policy's own `memory`, kept for the whole fit. The policy runs in
+a thread of its own and has POLICY_LIMIT_S to answer. A policy that raises, overruns its limit,
+or returns something other than a `FleetAction` or None, is named once as a `policy` alarm (its
+error, or its limit) and not called again in the fit, and that check only logs: the user's rule
+never takes the ledger down or holds it up.
 
 Hooks relied on: none (the user's function, called in this process).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from ray_ormas._internal.common.fleet_policy import FleetAction, FleetView, policy_name
 from ray_ormas.errors import OptionTypeError
+
+POLICY_LIMIT_S = 10.0  # the longest a policy may take to answer at one check
+
+
+def _answer(policy: Callable[..., Any], view: FleetView, answer: list[Any]) -> None:
+    """The policy's answer, or what it raised, into `answer`."""
+    try:
+        answer.append(policy(view))
+    except BaseException as e:  # said by the runner, with the policy's name
+        answer.append(e)
 
 
 class PolicyRunner:
@@ -37,18 +50,25 @@ class PolicyRunner:
             return []
         where = {k: where[k] for k in ("attempt", "check", "step", "run_step")}
         view = FleetView(**where, ranks=tuple(lines), alarms=alarms, memory=self._memory)
+        answer: list[Any] = []
+        policy = self._policy
+        worker = threading.Thread(target=_answer, args=(policy, view, answer), name="ray-ormas-policy", daemon=True)
+        worker.start()
+        worker.join(POLICY_LIMIT_S)
+        if not answer:  # still running: it is left to finish alone, and never asked again
+            return self._given_up(where, now, f"gave no answer within {POLICY_LIMIT_S:g} s (its time limit)")
+        asked = answer[0]
+        if isinstance(asked, BaseException):
+            return self._given_up(where, now, f"raised {type(asked).__name__}: {asked}")
+        if asked is None:
+            return []
         try:
-            asked = self._policy(view)
-            if asked is None:
-                return []
             if not isinstance(asked, FleetAction):
                 raise OptionTypeError(f"returned {type(asked).__name__}; return a ray_ormas.FleetAction or None")
             chain = asked.chain()
             ranks = [int(r) for r in asked.ranks]
         except Exception as e:  # the user's rule must not take the ledger down
-            self._policy = None
-            message = f"the policy {self._name} raised {type(e).__name__}: {e}; it is not called again in this fit"
-            return [{**where, "kind": "policy", "ranks": [], "node": None, "message": message, "time": now}]
+            return self._given_up(where, now, f"raised {type(e).__name__}: {e}")
         nodes = {r["rank"]: r.get("node") for r in lines}
         return [
             {
@@ -61,3 +81,10 @@ class PolicyRunner:
                 "time": now,
             }
         ]
+
+    def _given_up(self, where: dict[str, Any], now: float, what: str) -> list[dict[str, Any]]:
+        """The policy failed (`what` it did): named in a `policy` alarm that asks for nothing (the
+        check only logs), and not called again in the fit."""
+        self._policy = None
+        message = f"the policy {self._name} {what}; it is not called again in this fit"
+        return [{**where, "kind": "policy", "ranks": [], "node": None, "message": message, "time": now}]

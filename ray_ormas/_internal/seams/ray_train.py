@@ -28,7 +28,7 @@ upstream change that would let it go.
   result N: TrainingReport(...)", the whole metrics dict). Run on each worker unless
   `ray_report_lines` asks for them. If the logger is gone it says so once and does nothing: a
   console line is not worth a failed fit; tests/test_ray_seams.py checks it against a real fit.
-* `drain_node(node_id, message)`: asks Ray's GCS to drain a node, as Ray's autoscaler (v2) does
+* `drain_node(node_id, message, timeout_s)`: asks Ray's GCS to drain a node, as Ray's autoscaler (v2) does
   before it takes a node away, with the reason PREEMPTION: Ray schedules nothing new there (a
   restarted worker group's placement group goes to other nodes), and the node's raylet leaves the
   cluster once nothing runs on it. The `evict` action uses it (head/fleet_actions.py). Ray 2.60
@@ -212,14 +212,15 @@ def check_drain_seam() -> None:
     _drain_pieces()
 
 
-def drain_node(node_id: str, message: str) -> str | None:
-    """Drain node `node_id` (hex) as a preemption, with no deadline; None when Ray accepted it, else
-    Ray's reason for refusing. Raises `RaySeamChanged` when Ray's pieces for it changed."""
+def drain_node(node_id: str, message: str, timeout_s: float) -> str | None:
+    """Drain node `node_id` (hex) as a preemption, with no deadline for the node; None when Ray
+    accepted it, else Ray's reason for refusing. The GCS has `timeout_s` to answer (the RPC's own
+    timeout). Raises `RaySeamChanged` when Ray's pieces for it changed."""
     import ray
 
     client_class, reason = _drain_pieces()
     client = client_class(address=ray.get_runtime_context().gcs_address)
-    accepted, rejection = client.drain_node(node_id, reason, message, 0)
+    accepted, rejection = client.drain_node(node_id, reason, message, 0, timeout=timeout_s)
     return None if accepted else str(rejection or "refused without a reason")
 
 
