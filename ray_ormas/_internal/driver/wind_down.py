@@ -26,7 +26,7 @@ import ray
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
-from ray_ormas._internal.driver.failures import every_wrapped
+from ray_ormas._internal.driver.failures import every_wrapped, fleet_stop
 from ray_ormas._internal.driver.run_page import write_run_page
 from ray_ormas._internal.head.fleet_head import HANG_ERROR
 from ray_ormas._internal.head.ledger import LedgerSnapshot
@@ -76,7 +76,7 @@ def wind_down(ledger: Any, store: RecordStore, mlflow: MLflowSettings | None, en
         hang = hang_error(ending.error) if ending.error is not None else None
         if hang is not None:
             ledger.fleet_error.remote(hang)
-    fleet = _finish_fleet(ledger)
+    fleet = _finish_fleet(ledger, ending.error is not None and fleet_stop(ending.error) is not None)
     run_page = _write_run_page(store)
     tracking = _finish_tracking(ledger, store, mlflow, ending)
     return WoundDown(snapshot, not_uploaded, fleet, run_page, tracking)
@@ -122,9 +122,9 @@ def _tell_where_the_records_are(snapshot: LedgerSnapshot, store: RecordStore) ->
         )
 
 
-def _finish_fleet(ledger: Any) -> FleetSummary | None:
+def _finish_fleet(ledger: Any, stopped: bool) -> FleetSummary | None:
     try:
-        return ray.get(ledger.finish_fleet.remote(), timeout=FINISH_TIMEOUT_S)
+        return ray.get(ledger.finish_fleet.remote(stopped), timeout=FINISH_TIMEOUT_S)
     except Exception as e:  # the record stays as written; training is not affected
         logger.warning("could not finish the fleet record (%s: %s)", type(e).__name__, e)
         return None

@@ -108,6 +108,11 @@ class CheckpointBook:
         """(run step, checkpoint) of the latest checkpoint reported (Ray's latest)."""
         return (self._books[-1].run_step, self._books[-1].checkpoint) if self._books else None
 
+    def at_run_step(self, run_step: int) -> Any:
+        """The latest registered checkpoint reported at `run_step` (None: none)."""
+        found = [b.checkpoint for b in self._books if b.run_step == run_step and b.checkpoint is not None]
+        return found[-1] if found else None
+
     def resume_override(self) -> Any:
         """The checkpoint a restart must resume from when it is not Ray's latest (None: Ray's
         latest, or no checkpoint at all, or one Ray has not registered)."""

@@ -17,10 +17,11 @@ Per check, once every rank's facts are in (work and output linear in the number 
   slow, `straggler_recovered` (the same N both ways, so one noisy check does not end an episode).
 * **Divergence** (DDP): the ranks whose parameter digest differs from the majority's, and the
   first parameter group whose digests differ (a layer's name when a group holds one parameter).
-  One alarm per episode; `divergence_resolved` when the digests agree again.
+  One alarm per episode and attempt (a restarted group in which it comes back, before a clean
+  check, is alarmed again); `divergence_resolved` when the digests agree again.
 * **Non-finite**: the ranks whose loss is NaN/Inf (the source, under DDP: their gradients reach
   every rank through the all-reduce), else the ranks with non-finite gradients, with the step and
-  the layers. One alarm per episode.
+  the layers. One alarm per episode and attempt, as for divergence.
 * **Loss**: the mean of the ranks' finite losses, beside rank 0's.
 """
 
@@ -69,8 +70,8 @@ class FleetAnalyzer:
     _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
     _offsets: dict[int, int] = field(default_factory=dict)
     _group_names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    _diverged: bool = False
-    _nonfinite: bool = False
+    _diverged_in: int | None = None  # the attempt of the divergence episode under way (one alarm per attempt)
+    _nonfinite_in: int | None = None  # the same for non-finite values
     dropped_checks: int = 0
 
     def set_offset(self, attempt: int, offset: int) -> None:
@@ -208,8 +209,8 @@ class FleetAnalyzer:
         for f in facts:
             groups.setdefault(f.digest, []).append(f.rank)
         if len(groups) <= 1:
-            if self._diverged:
-                self._diverged = False
+            if self._diverged_in is not None:
+                self._diverged_in = None
                 return [
                     {
                         **where,
@@ -220,9 +221,9 @@ class FleetAnalyzer:
                     }
                 ]
             return []
-        if self._diverged:
+        if self._diverged_in == attempt:
             return []
-        self._diverged = True
+        self._diverged_in = attempt  # a new attempt that diverges again is alarmed again
         # The majority's digest; on a tie, rank 0's.
         majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
         odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
@@ -258,11 +259,11 @@ class FleetAnalyzer:
         by_grad = [f for f in facts if f.nonfinite_layers]
         culprits = by_loss or by_grad
         if not culprits:
-            self._nonfinite = False
+            self._nonfinite_in = None
             return []
-        if self._nonfinite:
+        if self._nonfinite_in == where["attempt"]:
             return []
-        self._nonfinite = True
+        self._nonfinite_in = where["attempt"]  # a new attempt with the fault back is alarmed again
         ranks = sorted(f.rank for f in culprits)
         layers = list(next((f.nonfinite_layers for f in culprits if f.nonfinite_layers), ()))
         source = "loss" if by_loss else "gradients"

@@ -60,6 +60,7 @@ STACK_TIMEOUT_S = 30.0  # py-spy's dump of one rank
 STACKS_BOUND_S = STACK_TIMEOUT_S + 15  # every named rank's dump, in parallel; later ones are cancelled
 DRAIN_TIMEOUT_S = 10.0  # Ray's GCS answering a drain (evict_scope="cluster")
 ACTION_WAIT_S = STACKS_BOUND_S + DRAIN_TIMEOUT_S + 5  # the longest the fit's end waits for an action under way
+EVICT_SETTLE_S = DRAIN_TIMEOUT_S + 5  # the longest a check's conclusion waits for its evict's order
 STACK_CHARS = 20_000  # at most this much of one rank's stacks is kept
 
 
@@ -115,8 +116,9 @@ class FleetActions:
         self._orders: dict[int, dict[str, Any]] = {}  # attempt -> the order its ranks read
         self._waiting: list[dict[str, Any]] = []  # restarts waiting for the next attempt
         self._stop: str | None = None
-        self._stop_delivered = False
+        self._stop_order: tuple[int, dict[str, Any]] | None = None  # (attempt, order) of a `stop`
         self._resumed: str | None = None  # the checkpoint the last restart was told to resume from
+        self._chosen: dict[int, Any] = {}  # action id -> the checkpoint a restart after damage resumes from
         # Evicts and diagnoses call out (Ray's GCS, py-spy on a node): one at a time, on a thread
         # of their own, never on the caller's (the ledger's event loop, the hang watch).
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-ormas-fleet-action")
@@ -131,14 +133,17 @@ class FleetActions:
             self._ranks.setdefault(attempt, {})[handle.rank] = handle
 
     def order_for(self, attempt: int) -> dict[str, Any] | None:
-        """What the ranks of `attempt` must do at their next check (None: go on)."""
-        return self._orders.get(attempt)
+        """What the ranks of `attempt` must do at their next check (None: go on). A `stop` holds
+        for every later attempt too: if the controller could not hear it in time and Ray restarted
+        the group, the new attempt's ranks raise it at their first check."""
+        with self._lock:
+            if self._stop_order is not None and attempt >= self._stop_order[0]:
+                return self._stop_order[1]
+            return self._orders.get(attempt)
 
     def stop_message(self) -> str | None:
         """The `FleetStopError` message once a `stop` action was ordered (asked by the controller
-        after an attempt failed: the stop is then under way)."""
-        if self._stop is not None:
-            self._stop_delivered = True
+        after an attempt failed)."""
         return self._stop
 
     def excluded_nodes(self) -> list[str]:
@@ -147,11 +152,23 @@ class FleetActions:
             return sorted(self._excluded)
 
     def resume_from(self) -> Any:
-        """The checkpoint a restart resumes from when it is not Ray's latest (else None)."""
+        """The checkpoint a restart resumes from when it is not Ray's latest (else None): only a
+        restart the fleet ordered after damage has one (a restart nobody ordered resumes where
+        Ray would). A chosen checkpoint that is gone from storage (`num_to_keep` may have deleted
+        it) is said on the action's line, and the restart resumes from Ray's latest."""
         with self._lock:
-            chosen = self.book.resume_override()
+            ordered = [w for w in self._waiting if w["id"] in self._chosen]
+            if not ordered:
+                self._resumed = None
+                return None
+            line, chosen = ordered[-1], self._chosen[ordered[-1]["id"]]
+        gone = _gone(chosen)
+        if gone is not None:
+            self._write("actions", [{"event": "outcome", "id": line["id"], "reason": gone}])
+            chosen = None
+        with self._lock:
             self._resumed = _path(chosen) if chosen is not None else None
-            return chosen
+        return chosen
 
     def attempt_started(self, attempt: int, run_step: int | None = None) -> None:
         """A new attempt's rank 0 is training, from `run_step`: the restarts that led to it are
@@ -163,18 +180,21 @@ class FleetActions:
             resumed, self._resumed = self._resumed, None
         now = time.time()
         lines = []
+        with self._lock:  # what the group resumed from: the fleet's choice, or Ray's latest at its run step
+            loaded = resumed or (_path(self.book.at_run_step(run_step)) if run_step else None)
         for line in done:
             outcome = {"event": "outcome", "id": line["id"], "outcome": "done", "seconds": round(now - line["time"], 1)}
             if run_step is not None:
                 outcome["resumed_run_step"] = run_step
-            if resumed is not None:  # the fleet's choice, not Ray's latest (worker/resume.py)
-                outcome["checkpoint"] = resumed
+            if loaded is not None:
+                outcome["resumed_from"] = loaded
             lines.append(outcome)
         self._write("actions", lines)
 
-    def finished(self) -> None:
-        """The fit ended: orders no rank read are said as such, and an action still under way
-        is dropped (it neither carries out the rest of its chain nor writes)."""
+    def finished(self, stopped: bool = False) -> None:
+        """The fit ended (`stopped`: with the `FleetStopError` of a `stop`, as the driver saw it):
+        orders no rank read are said as such, and an action still under way is dropped (it
+        neither carries out the rest of its chain nor writes)."""
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
@@ -183,20 +203,30 @@ class FleetActions:
         cut = f"the fit ended while the action was under way (its end waited {ACTION_WAIT_S:g} s for it)"
         self._write(
             "actions",
-            [_final_outcome(line, self._stop_delivered) for line in left]
+            [_final_outcome(line, stopped) for line in left]
             + [{"event": "outcome", "id": line["id"], "outcome": "not carried out", "reason": cut} for line in stuck],
         )
 
     # ------------------------------------------------------------------ alarms
-    def on_alarms(self, alarms: list[dict[str, Any]]) -> None:
+    def on_alarms(self, alarms: list[dict[str, Any]]) -> list[Future[None]]:
         """Alarms that came together (one check's, or one alarm): the most severe one's action is
-        carried out, every other one's line says it was superseded (fleet/actions.py)."""
+        carried out, every other one's line says it was superseded (fleet/actions.py). Returns
+        the evict now under way on the action thread, if any (`settle` waits for it)."""
         decided = self._planner.decide_check([self._within_reach(a) for a in alarms])
+        evicting: list[Future[None]] = []
         for line, alarm in decided:
             if line["outcome"] == "requested":
-                self._act(line, alarm)
+                evicting += self._act(line, alarm)
             else:
                 self._write("actions", [line])
+        return evicting
+
+    def settle(self, evicting: list[Future[None]]) -> None:
+        """Wait (at most EVICT_SETTLE_S) for an evict to give its order, so that the ranks read
+        it in the answer to this check. Only from a thread that may wait (never the ledger's
+        event loop), and without the fleet head's lock."""
+        if evicting:
+            wait(evicting, timeout=EVICT_SETTLE_S)
 
     def _within_reach(self, alarm: dict[str, Any]) -> dict[str, Any]:
         """`alarm`, with an evict that would reach every rank (a collective hang names them all)
@@ -215,19 +245,22 @@ class FleetActions:
         )
         return {**alarm, "chain": ["diagnose", "reattempt"], "requested": list(chain), "bounded_by": why}
 
-    def _act(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
+    def _act(self, line: dict[str, Any], alarm: dict[str, Any]) -> list[Future[None]]:
         if line["action"] in RESTARTS:
             line = self._choose_checkpoint(line)
         self._write("actions", [line])
         if not line["diagnose"] and line["action"] != "evict":
             self._carry_out(line, alarm)  # an order, and for a hang its workers ended: nothing to wait on
-            return
+            return []
         try:
             with self._lock:
                 self._in_flight[line["id"]] = line
-            self._under_way.append(self._pool.submit(self._off_the_caller, line, alarm))
+            future = self._pool.submit(self._off_the_caller, line, alarm)
         except RuntimeError:  # the fit has ended (the pool is shut down)
             self._outcome(line, "not carried out", "the fit ended before the action could start")
+            return []
+        self._under_way.append(future)
+        return [] if line["diagnose"] else [future]  # stacks take long: their order comes a check later
 
     def wait_for_actions(self) -> None:
         """The fit ends, or its ranks ended their loop: let the actions under way (stacks being
@@ -253,12 +286,16 @@ class FleetActions:
                     f"the last checkpoint taken no later than run step {self.book.clean_through}, the last "
                     "check at which every rank's digest agreed and every loss was finite"
                 )
+                latest = self.book.latest()
+                if checkpoint is not None and (latest is None or latest[1] is not checkpoint):
+                    self._chosen[line["id"]] = checkpoint  # not Ray's latest: the restart is told (resume_from)
                 return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": why}
             latest = self.book.latest()
         if latest is None:
             return {**line, "checkpoint": None, "why": "no checkpoint yet: the group restarts from the start"}
         step, checkpoint = latest
-        return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": "Ray's latest checkpoint"}
+        why = "Ray's latest checkpoint at the alarm (the restart resumes from Ray's latest when it starts)"
+        return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": why}
 
     def _carry_out(self, line: dict[str, Any], alarm: dict[str, Any]) -> None:
         action, attempt = line["action"], line.get("attempt") or 0
@@ -281,6 +318,8 @@ class FleetActions:
             self._waiting.append(line)
             order = "reattempt" if action == "evict" else action  # what a rank raises
             self._orders[attempt] = {"action": order, "message": message, "id": line["id"]}
+            if action == "stop":
+                self._stop_order = (attempt, self._orders[attempt])
         if alarm["kind"] == "hang":  # the stuck ranks cannot read an order: their workers are ended
             self._end_stuck_ranks(line, attempt)
 
@@ -499,6 +538,23 @@ def _dump(pid: int) -> str:
     if done.returncode != 0:
         return f"py-spy could not read process {pid}: {(done.stderr or done.stdout).strip()[-2000:]}"
     return done.stdout
+
+
+def _gone(checkpoint: Any) -> str | None:
+    """Why `checkpoint` cannot be resumed from (it is gone from storage), or None when it is there
+    or cannot be looked at (the restart then tries it, and says what it finds)."""
+    import pyarrow.fs as pafs
+
+    try:
+        info = checkpoint.filesystem.get_file_info(checkpoint.path)
+    except Exception:
+        return None
+    if info.type != pafs.FileType.NotFound:
+        return None
+    return (
+        f"the checkpoint chosen to resume from, {checkpoint.path}, is gone from storage (RunConfig's "
+        "CheckpointConfig(num_to_keep) may have deleted it): the restart resumes from Ray's latest instead"
+    )
 
 
 def _final_outcome(line: dict[str, Any], stopped: bool) -> dict[str, Any]:

@@ -116,6 +116,7 @@ class FleetHead:
         self._last_run_step = 0
         self._hangs_seen = False
         self._unreadable: set[int] = set()  # attempts with a rank whose facts cannot be read
+        self._nodes: dict[tuple[int, int], str] = {}  # (attempt, rank) -> its node, from its facts
         self._last_world: int | None = None
         self._label = ranks_label({"world_size": spec.world, "elastic": spec.elastic and list(spec.elastic)})
         # The ledger calls come on its event loop, the hang watch's polls on a thread of its own.
@@ -194,6 +195,8 @@ class FleetHead:
         try:
             with self._lock:
                 self._stall.reached(attempt, facts.rank, facts.check, time.monotonic(), facts.step)
+                if facts.node is not None:  # a hang alarm names the stuck ranks' nodes
+                    self._nodes[(attempt, facts.rank)] = facts.node
                 outcome = self._analyzer.add(attempt, facts)
                 if outcome is None:
                     return None
@@ -231,7 +234,7 @@ class FleetHead:
                     alarms += self._policy.consult(
                         check.where, check.lines, (*self._alarms_seen, *alarms), check.where["time"]
                     )
-                self._emit(check.lines, alarms, check.loss_mean)
+                self._emit(check.lines, alarms, check.loss_mean, settle=True)
             except Exception as e:  # a malformed fact must not take the ledger down
                 logger.warning("fleet: could not conclude a check (%s: %s)", type(e).__name__, e)
             finally:
@@ -340,12 +343,27 @@ class FleetHead:
                         continue
                     step = alarm["step"]
                     at = self._last_run_step if step is None else self._analyzer.run_step(alarm["attempt"], step)
-                    self._emit([], [{**alarm, "run_step": at}], None)
+                    nodes = sorted(
+                        {
+                            self._nodes[(alarm["attempt"], r)]
+                            for r in alarm["ranks"]
+                            if (alarm["attempt"], r) in self._nodes
+                        }
+                    )
+                    self._emit(
+                        [], [{**alarm, "run_step": at, "node": alarm.get("node") or ",".join(nodes) or None}], None
+                    )
             except Exception as e:  # the watch must never take the ledger down
                 logger.warning("fleet: the hang watch stopped (%s: %s)", type(e).__name__, e)
                 return
 
-    def _emit(self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None) -> None:
+    def _emit(
+        self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None, settle: bool = False
+    ) -> None:
+        """A check's rows and alarms, or alarms alone: to the record, the console, Ray's metrics,
+        MLflow, and the actions; `settle`: the caller may wait for an evict's order (a check's
+        conclusion, in a thread of its own), never under the lock."""
+        evicting = []
         with self._lock:
             self._record.append("checks", lines)
             self._record.append("alarms", alarms, urgent=True)
@@ -353,21 +371,24 @@ class FleetHead:
             for a in alarms:
                 logger.warning("fleet %s: %s", a["kind"], a["message"])
             if self._actions is not None and alarms:
-                self._actions.on_alarms(alarms)  # one decision for the check: the most severe
+                evicting = self._actions.on_alarms(alarms)  # one decision for the check: the most severe
             if self._gauges is not None:
                 self._gauges.update(lines, loss_mean, alarms)
             if self._tracking is not None:
                 self._tracking.fleet(mlflow_entries(lines, alarms, self._spec.settings.mlflow_ranks))
+        if settle and self._actions is not None:
+            self._actions.settle(evicting)
 
-    def finish(self) -> FleetSummary:
-        """The fit ended: close the record, read it back, summarize."""
+    def finish(self, stopped: bool = False) -> FleetSummary:
+        """The fit ended (`stopped`: with a `stop` action's `FleetStopError`): close the record,
+        read it back, summarize."""
         self._finished.set()
         if self._actions is not None:
             self._actions.wait_for_actions()
         with self._lock:  # the hang watch's last poll has emitted what it had
             self._stall.winding_down()
             if self._actions is not None:
-                self._actions.finished()
+                self._actions.finished(stopped)
             self._record.close()
         store = self._spec.store
         _, checks, alarms = read_fleet(store, self._spec.fit_id)

@@ -196,11 +196,12 @@ class Ledger:
         if self._fleet is not None:
             self._fleet.hang(max(len(self._attempts) - 1, 0), error, [])
 
-    async def finish_fleet(self) -> FleetSummary | None:
-        """The fit ended: the fleet's summary, or None when fleet health is off."""
+    async def finish_fleet(self, stopped: bool = False) -> FleetSummary | None:
+        """The fit ended (`stopped`: the driver saw a `stop` action's `FleetStopError`): the
+        fleet's summary, or None when fleet health is off."""
         if self._fleet is None:
             return None
-        return await asyncio.to_thread(self._fleet.finish)
+        return await asyncio.to_thread(self._fleet.finish, stopped)
 
     async def arrive(
         self, token: str, seq: int, rank: int, kind: str, step: int, checkpoint: bool, world_size: int

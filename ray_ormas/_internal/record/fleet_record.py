@@ -236,6 +236,8 @@ def action_text(line: dict[str, Any]) -> str:
         text += f", node{'s' if len(line['evicted']) > 1 else ''} {', '.join(line['evicted'])} {how}"
     if line.get("resumed_run_step") is not None:
         text += f", resumed at run step {line['resumed_run_step']}"
+        if line.get("resumed_from"):
+            text += f" from {line['resumed_from']}"
     elif line.get("checkpoint_run_step") is not None:
         text += f", from the checkpoint at run step {line['checkpoint_run_step']}"
     if line.get("reason"):
