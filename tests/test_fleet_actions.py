@@ -303,10 +303,10 @@ def test_actions_are_checked_against_the_rest_of_the_trainer_on_the_driver():
 
 
 @pytest.mark.timeout(400)
-def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys):
+def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys, tmp_path):
     from ray_ormas._internal.cli.main import main
 
-    assert main(["report", str(acted.run_dir)]) == 0
+    assert main(["report", str(acted.run_dir), "--out", str(tmp_path / "reports")]) == 0
     out = capsys.readouterr().out
     assert "action: reattempt after the divergence alarm on ranks 1 at run step 25: done" in out, out
     assert "resumed at run step 20" in out

@@ -92,7 +92,9 @@ def attempts_nodes(outcome: dict) -> list[dict[int, str]]:
 
 
 @pytest.mark.timeout(1000)
-def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_restarts_without_it(lost_nodes, capsys):
+def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_restarts_without_it(
+    lost_nodes, capsys, tmp_path
+):
     outcome, storage, log = outcome_of(lost_nodes, "evict")
     assert "error" not in outcome and outcome["finished"], log[-4000:]
     a, c, d = outcome["nodes"]["A"], outcome["nodes"]["C"], outcome["nodes"]["D"]
@@ -159,7 +161,7 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     # `ray-ormas report`, as a user reads the run.
     from ray_ormas._internal.cli.main import main
 
-    assert main(["report", f"{storage}/evict"]) == 0
+    assert main(["report", f"{storage}/evict", "--out", str(tmp_path / "reports")]) == 0
     out = capsys.readouterr().out
     said = f"action: evict after the straggler alarm on ranks {slow} at run step {alarm['run_step']}: done"
     assert said in out and f"node {ranks[slow]['node']} kept out of this run" in out, out

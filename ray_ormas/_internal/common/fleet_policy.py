@@ -56,7 +56,8 @@ class FleetView:
 class FleetAction:
     """What a policy asks for: an action (as in `FleetSettings.actions`: "log", "reattempt",
     "evict", "stop", "diagnose", or ["diagnose", then]) on the named ranks, with the reason it
-    gives. `evict` drains the nodes of the named ranks."""
+    gives. `evict` keeps the named ranks' nodes out of the run (`FleetSettings.evict_scope`), within
+    the same bounds as an alarm's."""
 
     action: str | tuple[str, ...] | list[str]
     ranks: tuple[int, ...] | list[int] = ()

@@ -20,15 +20,21 @@
                  the alarm logging, with Ray's reason
       stop       the same order with `FleetStopError`; the controller's `after_exception`
                  (head/ledger_callback.py) asks `stop_message` and raises it there, which Ray
-                 does not retry; the driver raises it after the record is closed
-    a new attempt starts -> the action's outcome line, with the seconds from the alarm and the
-                            run step the group resumed at
+                 does not retry; the driver raises it after the record is closed. The stop holds
+                 for every later attempt, in case Ray restarted the group before it was heard
+    a new attempt starts -> the action's outcome line, with the seconds from the alarm, the run
+                            step the group resumed at and the checkpoint it resumed from
     a rank restarts      -> `resume_from`: the checkpoint a `divergence` or `nonfinite` reattempt
-                            chose, when it is not Ray's latest (worker/resume.py reads it)
+                            chose, when it is not Ray's latest and still in storage
+                            (worker/resume.py reads it); a restart nobody ordered: Ray's latest
 
-Every failure here (no checkpoint before the damage, a worker actor unknown, py-spy missing or
-refused) is written as the action's outcome, and the alarm only logs: an action never crashes or
-hangs the fit.
+Alarms that come together get one decision, the most severe (fleet/actions.py). An evict and a
+diagnose call out (Ray's GCS, py-spy on the nodes): they run on one action thread of their own,
+each call with a deadline, never on the caller's thread (the ledger's event loop, the hang
+watch); a check's conclusion waits for an evict's order at most EVICT_SETTLE_S. When the fit
+ends, an action still under way is dropped and said `not carried out`. Every failure here (no
+checkpoint before the damage, a worker actor unknown, py-spy missing or refused) is written as
+the action's outcome, and the alarm only logs: an action never crashes or hangs the fit.
 
 Hooks relied on: `ray.nodes()` (the head node's resource, seams/ray_train.py), Ray's GCS drain
 (seams/ray_train.py), `ray.kill` on a Ray Train worker actor (its handle from
@@ -118,7 +124,7 @@ class FleetActions:
         self._stop: str | None = None
         self._stop_order: tuple[int, dict[str, Any]] | None = None  # (attempt, order) of a `stop`
         self._resumed: str | None = None  # the checkpoint the last restart was told to resume from
-        self._chosen: dict[int, Any] = {}  # action id -> the checkpoint a restart after damage resumes from
+        self._after_damage: set[int] = set()  # ids of the restarts ordered after a divergence or NaN
         # Evicts and diagnoses call out (Ray's GCS, py-spy on a node): one at a time, on a thread
         # of their own, never on the caller's (the ledger's event loop, the hang watch).
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-ormas-fleet-action")
@@ -157,11 +163,12 @@ class FleetActions:
         Ray would). A chosen checkpoint that is gone from storage (`num_to_keep` may have deleted
         it) is said on the action's line, and the restart resumes from Ray's latest."""
         with self._lock:
-            ordered = [w for w in self._waiting if w["id"] in self._chosen]
-            if not ordered:
+            ordered = [w for w in self._waiting if w["id"] in self._after_damage]
+            chosen = self.book.resume_override() if ordered else None  # judged now: Ray may have registered more
+            if chosen is None:
                 self._resumed = None
                 return None
-            line, chosen = ordered[-1], self._chosen[ordered[-1]["id"]]
+            line = ordered[-1]
         gone = _gone(chosen)
         if gone is not None:
             self._write("actions", [{"event": "outcome", "id": line["id"], "reason": gone}])
@@ -286,9 +293,7 @@ class FleetActions:
                     f"the last checkpoint taken no later than run step {self.book.clean_through}, the last "
                     "check at which every rank's digest agreed and every loss was finite"
                 )
-                latest = self.book.latest()
-                if checkpoint is not None and (latest is None or latest[1] is not checkpoint):
-                    self._chosen[line["id"]] = checkpoint  # not Ray's latest: the restart is told (resume_from)
+                self._after_damage.add(line["id"])  # its restart resumes from the book's choice (resume_from)
                 return {**line, "checkpoint": _path(checkpoint), "checkpoint_run_step": step, "why": why}
             latest = self.book.latest()
         if latest is None:

@@ -273,9 +273,12 @@ class FleetSummary:
             "start", "restart" at the same size, or "resize" with `resized_from`), oldest first.
             An elastic fit's resizes are here, never among the alarms.
         actions: one dict per action an alarm asked for (`FleetSettings.actions`): the alarm,
-            the action carried out, the ranks and node, the checkpoint chosen, the outcome and
-            its reason, `seconds` from the alarm to the group training again, and the `stacks`
-            a `diagnose` captured (rank -> text), oldest first.
+            the actions `requested`, the `action` carried out (after the stacks when `diagnose`
+            is true), the ranks and node, the checkpoint chosen, the outcome and its reason,
+            `seconds` from the alarm to the group training again, the run step and checkpoint it
+            resumed from (`resumed_run_step`, `resumed_from`), the nodes an evict took out
+            (`evicted`, `evicted_ids`, `scope`), and the `stacks` a `diagnose` captured
+            (rank -> text), oldest first.
     """
 
     record: str

@@ -39,7 +39,7 @@ upstream change that would let it go.
   (head/placement_callback.py). Ray Train 2.60 asks each `ControllerCallback` in
   `RunConfig.callbacks` for a label selector before it starts a worker group
   (`on_controller_start_worker_group`), and places the group's bundles only where the selector
-  matches; a node's id is its `ray.io/node-id` label, and `!in(a, b)` keeps a bundle off those
+  matches; a node's id is its `ray.io/node-id` label, and `!in(a,b)` keeps a bundle off those
   nodes. The class is not exported by `ray.train`. Checked: the module, the class, the hook's
   keyword parameters, and the label's name against `ray.util.placement_group.NODE_ID_LABEL_KEY`.
 * `remote_error_line(text)`: the `Type: message` line that ends the remote traceback an
@@ -244,7 +244,7 @@ def controller_callback_class() -> type:
 
 def exclusion_selector(node_ids: list[str]) -> dict[str, str]:
     """The label selector that keeps a bundle off every node in `node_ids` (hex ids)."""
-    return {NODE_ID_LABEL: f"!in({', '.join(sorted(node_ids))})"}
+    return {NODE_ID_LABEL: f"!in({','.join(sorted(node_ids))})"}  # no spaces: Ray matches each value as written
 
 
 class _ReportLineFilter(logging.Filter):
