@@ -160,7 +160,9 @@ def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
     # of this run: alive, and not drained (no other run on it would be preempted).
     assert nodes[3]["rank1"] not in nodes[4].values() and len(set(nodes[4].values())) == 2
     assert acted.outcome["alive"][nodes[3]["rank1"]] is True and acted.outcome["draining"] == []
-    assert evict["resumed_run_step"] >= evict["checkpoint_run_step"] == 30 and 0 < evict["seconds"] < 120
+    # Ray's latest checkpoint when the action was decided: 30, or 40 when the ranks (which never
+    # wait for the head) had already reported that one; the group resumed from Ray's latest.
+    assert evict["resumed_run_step"] >= evict["checkpoint_run_step"] >= 30 and 0 < evict["seconds"] < 120
 
 
 @pytest.mark.timeout(400)
