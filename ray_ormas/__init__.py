@@ -38,6 +38,8 @@ _WHERE = {
     "FleetSettings": "_internal.common.fleet_settings",
     "FleetAction": "_internal.common.fleet_policy",
     "FleetView": "_internal.common.fleet_policy",
+    "FleetAlarm": "_internal.common.fleet_records",
+    "RankRow": "_internal.common.fleet_records",
     "MLflowSettings": "_internal.common.mlflow_settings",
     # inside the training loop, on every worker
     "WorkerMonitor": "_internal.worker.monitor",
@@ -66,6 +68,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConfigError",
     "FleetAction",
+    "FleetAlarm",
     "FleetReattemptError",
     "FleetSettings",
     "FleetStopError",
@@ -80,6 +83,7 @@ __all__ = [
     "OrmasCompatError",
     "OrmasRun",
     "RankMismatchError",
+    "RankRow",
     "RankSyncTimeoutError",
     "RayOrmasError",
     "RayOrmasResult",
@@ -121,6 +125,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from ray_ormas._internal.common.fleet_policy import FleetAction, FleetView
+    from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
     from ray_ormas._internal.common.fleet_settings import FleetSettings
     from ray_ormas._internal.common.mlflow_settings import MLflowSettings
     from ray_ormas._internal.common.settings import BatchSize, MonitorSettings

@@ -32,7 +32,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "Your own fleet rule",
         "A `FleetSettings(policy=...)` function runs on the head node at every complete check: it gets a "
         '`FleetView` and returns a `FleetAction` or None (docs/fleet-health.md, "When the fleet acts").',
-        ["FleetView", "FleetAction"],
+        ["FleetView", "RankRow", "FleetAlarm", "FleetAction"],
     ),
     (
         "Inside the training loop",

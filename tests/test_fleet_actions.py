@@ -26,6 +26,7 @@ on the session's shared busy fit, with Ray's exported metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -39,9 +40,11 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import ray_ormas
 from ray_ormas import FleetSettings, RayOrmasTrainer
+from ray_ormas._internal.common.fleet_records import FleetAlarm
 from ray_ormas._internal.common.options import build
 from ray_ormas._internal.fleet.actions import ActionPlanner, CheckpointBook
 from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
+from ray_ormas._internal.head.rank_stacks import RankHandle
 
 from .loops import digits_loop
 from .scenario_runs import ACTS
@@ -223,13 +226,18 @@ def test_a_hang_diagnosed_shows_where_the_stuck_rank_is(busy_fit):
 
 
 # ------------------------------------------------------------------ the rules, without Ray
-def alarm(kind: str, attempt: int = 0, run_step: int = 10) -> dict:
-    return {"kind": kind, "attempt": attempt, "run_step": run_step, "ranks": [1], "node": "10.0.0.2"}
+def alarm(kind: str, attempt: int = 0, run_step: int = 10, ranks: tuple[int, ...] = (1,)) -> FleetAlarm:
+    return FleetAlarm(kind, f"a {kind} alarm", attempt=attempt, run_step=run_step, ranks=ranks, node="10.0.0.2")
+
+
+def lines_into(written: list) -> Any:
+    """A `write` for FleetActions that keeps the record's lines, as the fleet record gets them."""
+    return lambda name, records: written.extend(r.to_line() for r in records)
 
 
 def test_at_most_max_actions_then_an_alarm_only_logs_and_says_why():
     planner = ActionPlanner(FleetSettings(actions={"straggler": "reattempt"}, max_actions=2))
-    lines = [planner.decide(alarm("straggler", attempt=a)) for a in range(4)]
+    lines = [planner.decide(alarm("straggler", attempt=a)).to_line() for a in range(4)]
     assert [x["action"] for x in lines] == ["reattempt", "reattempt", "log", "log"]
     assert lines[2]["outcome"] == "bounded" and "max_actions (2)" in lines[2]["reason"]
     assert planner.decide(alarm("divergence")) is None  # no action asked: it logs as it always did
@@ -238,10 +246,10 @@ def test_at_most_max_actions_then_an_alarm_only_logs_and_says_why():
 def test_one_action_per_attempt_and_a_diagnose_chain():
     planner = ActionPlanner(FleetSettings(actions={"hang": ["diagnose", "stop"], "straggler": "reattempt"}))
     first = planner.decide(alarm("hang"))
-    assert (first["action"], first["diagnose"]) == ("stop", True)
+    assert (first.action, first.diagnose) == ("stop", True)
     second = planner.decide(alarm("straggler"))
-    assert second["action"] == "log" and "already being acted on" in second["reason"]
-    assert planner.decide(alarm("straggler", attempt=1))["action"] == "reattempt"
+    assert second.action == "log" and "already being acted on" in second.reason
+    assert planner.decide(alarm("straggler", attempt=1)).action == "reattempt"
 
 
 def test_a_restart_after_damage_skips_the_checkpoints_taken_after_the_last_clean_check():
@@ -355,6 +363,12 @@ def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_
     seen = []
 
     def rule(view: ray_ormas.FleetView):
+        # Typed and frozen (a policy cannot change what the head keeps); the dict reads of the
+        # policies written before still work (the test below this one reads attributes).
+        assert all(isinstance(r, ray_ormas.RankRow) for r in view.ranks)
+        assert all(isinstance(a, ray_ormas.FleetAlarm) for a in view.alarms)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            view.ranks[0].slow = True  # type: ignore[misc]
         view.memory["n"] = view.memory.get("n", 0) + 1
         seen.append((view.check, [r["rank"] for r in view.ranks], [a["kind"] for a in view.alarms], view.memory["n"]))
         if view.check == 2:
@@ -373,7 +387,7 @@ def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_
     ]
     # The ranks ended their loop after that check: they get the stop, once the diagnose is done
     # (and so would a later attempt's, had Ray restarted the group before the stop was heard).
-    assert head.order_at_end(0)["action"] == "stop" and head.order_at_end(1)["action"] == "stop"
+    assert head.order_at_end(0).action == "stop" and head.order_at_end(1).action == "stop"
     summary = head.finish()  # waits for the diagnose, which finds no worker to read (no Ray here)
     [asked] = [a for a in summary.alarms if a["kind"] == "policy"]
     assert asked["chain"] == ["diagnose", "stop"] and asked["node"] == "10.0.0.1"
@@ -382,7 +396,7 @@ def test_a_policy_gets_every_ranks_row_the_alarms_so_far_and_its_own_memory(tmp_
     assert (action["alarm"], action["diagnose"], action["action"]) == ("policy", True, "stop")
     assert "no stacks: the named ranks' workers are not known" in action["diagnosed"]
     assert action["outcome"] == "not carried out"  # no rank was there to read the order
-    assert head.order_for(0)["action"] == "stop" and "slow on purpose" in head.stop_message()
+    assert head.order_for(0).action == "stop" and "slow on purpose" in head.stop_message()
 
 
 def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_evicts_it_at_10():
@@ -399,7 +413,7 @@ def test_the_docs_worked_policy_names_a_rank_slow_for_3_checks_and_evicts_it_at_
     )
     rule, memory, asked = scope["slow_ten_checks_on_one_node"], {}, {}
     for check in range(12):
-        rows = tuple({"rank": r, "node": f"10.0.0.{r}", "slow": r == 1 and check >= 1} for r in range(4))
+        rows = tuple(ray_ormas.RankRow(r, node=f"10.0.0.{r}", slow=r == 1 and check >= 1) for r in range(4))
         got = rule(ray_ormas.FleetView(0, check, check * 5, check * 5, rows, (), memory))
         if got is not None:
             asked[check] = (got.chain(), list(got.ranks), got.reason)
@@ -415,17 +429,17 @@ def test_a_restart_after_damage_with_no_checkpoint_before_it_only_logs_and_says_
     written: list[tuple[str, dict]] = []
     acts = FleetActions(
         FleetSettings(actions={"divergence": "reattempt", "straggler": "reattempt"}),
-        lambda name, lines: written.extend((name, x) for x in lines),
+        lambda name, lines: written.extend((name, x.to_line()) for x in lines),
     )
     acts.book.checked(0, 10, clean=True)
     acts.book.taken(20, 0, "ckpt-20")  # taken after the last clean check: the damage may be in it
-    acts.on_alarms([{**alarm("divergence"), "run_step": 25}])
+    acts.on_alarms([alarm("divergence", run_step=25)])
     [(_, line)] = written
     assert (line["action"], line["outcome"]) == ("log", "failed") and acts.order_for(0) is None
     assert "no checkpoint was taken before the damage" in line["reason"] and "run step 10" in line["reason"]
     assert acts._planner.taken == 0  # it does not count against max_actions
     acts.on_alarms([alarm("straggler")])  # the attempt was not acted on: a later alarm of it may act
-    assert acts.order_for(0)["action"] == "reattempt"
+    assert acts.order_for(0).action == "reattempt"
     assert written[-1][1]["checkpoint_run_step"] == 20 and written[-1][1]["why"].startswith("Ray's latest checkpoint")
 
 
@@ -433,22 +447,22 @@ def _evicting_fleet(monkeypatch, written: list[dict], **settings) -> Any:
     """FleetActions over three ranks (0 on the head node, 1 and 2 on worker nodes w1 and w2) in
     attempts 0-3. Which node is the head node, the nodes alive and the drain are Ray's
     (tests/test_node_loss.py evicts for real); here they are given, to reach each bound."""
-    from ray_ormas._internal.head import fleet_actions
+    from ray_ormas._internal.head import fleet_actions, node_eviction
 
     acts = fleet_actions.FleetActions(
         FleetSettings(**{"actions": {"straggler": "evict", "hang": "evict"}, **settings}),
-        lambda name, lines: written.extend(lines),
+        lines_into(written),
         driver_node="driver-node",
-        shape=fleet_actions.GroupShape({"CPU": 1.0, "slot": 1.0}, 3),
+        shape=node_eviction.GroupShape({"CPU": 1.0, "slot": 1.0}, 3),
     )
     for attempt in range(4):
         for rank, node in ((0, "head-node"), (1, "w1"), (2, "w2")):
-            acts.rank_joined(attempt, fleet_actions.RankHandle(rank, None, node, f"name-{node}", 100 + rank))
-    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
-    monkeypatch.setattr(fleet_actions, "_stacks_of_ranks", lambda handles: {h.rank: f"stack {h.rank}" for h in handles})
+            acts.rank_joined(attempt, RankHandle(rank, None, node, f"name-{node}", 100 + rank))
+    monkeypatch.setattr(node_eviction, "_never_evicted", lambda driver: {"head-node": "the head node", driver: "x"})
+    monkeypatch.setattr(fleet_actions, "stacks_of_ranks", lambda handles: {h.rank: f"stack {h.rank}" for h in handles})
     one = {"CPU": 1.0, "slot": 1.0}
     nodes = {"head-node": one, "w1": one, "w2": one, "spare": one}
-    monkeypatch.setattr(fleet_actions, "_alive_nodes", lambda: nodes)
+    monkeypatch.setattr(node_eviction, "_alive_nodes", lambda: nodes)
     return acts
 
 
@@ -457,36 +471,36 @@ def _no_drain(node_id: str, why: str, timeout_s: float) -> str:
 
 
 def test_an_evict_is_the_runs_by_default_and_drains_nothing(monkeypatch):
-    from ray_ormas._internal.head import fleet_actions
+    from ray_ormas._internal.head import node_eviction
 
     written: list[dict] = []
     acts = _evicting_fleet(monkeypatch, written)
-    monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
-    acts.on_alarms([{**alarm("straggler"), "ranks": [1]}])
+    monkeypatch.setattr(node_eviction, "drain_node", _no_drain)
+    acts.on_alarms([alarm("straggler", ranks=(1,))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
-    assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
+    assert acts.order_for(0).action == "reattempt" and acts.excluded_nodes() == ["w1"]
     [line, outcome] = written
     assert (line["action"], outcome["evicted_ids"], outcome["scope"]) == ("evict", ["w1"], "run")
-    assert "kept out of this run" in acts.order_for(0)["message"]
+    assert "kept out of this run" in acts.order_for(0).message
 
 
 def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
-    from ray_ormas._internal.head import fleet_actions
+    from ray_ormas._internal.head import node_eviction
 
     written: list[dict] = []
     acts = _evicting_fleet(monkeypatch, written, evict_scope="cluster")
     monkeypatch.setattr(
-        fleet_actions, "drain_node", lambda node_id, why, timeout_s: "the node is already being drained"
+        node_eviction, "drain_node", lambda node_id, why, timeout_s: "the node is already being drained"
     )
     # On the head node: never evicted, the group restarts instead (still an action).
-    acts.on_alarms([{**alarm("straggler"), "ranks": [0]}])
+    acts.on_alarms([alarm("straggler", ranks=(0,))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
-    assert acts.order_for(0)["action"] == "reattempt" and acts._planner.taken == 1
+    assert acts.order_for(0).action == "reattempt" and acts._planner.taken == 1
     fell = written[-1]
     assert fell["action"] == "reattempt"
     assert fell["reason"] == "node name-head-node is the head node, which is never evicted"
     # A drain Ray refuses: the alarm only logs, with Ray's reason, and it does not count.
-    acts.on_alarms([{**alarm("straggler"), "attempt": 1, "ranks": [1]}])
+    acts.on_alarms([alarm("straggler", attempt=1, ranks=(1,))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
     refused = written[-1]
     assert (refused["action"], refused["outcome"]) == ("log", "failed") and acts.order_for(1) is None
@@ -495,30 +509,30 @@ def test_an_evict_that_cannot_drain_restarts_or_logs_and_says_why(monkeypatch):
 
 
 def test_an_evict_is_bounded_in_nodes_in_room_and_never_reaches_every_rank(monkeypatch):
-    from ray_ormas._internal.head import fleet_actions
+    from ray_ormas._internal.head import node_eviction
 
     written: list[dict] = []
     acts = _evicting_fleet(monkeypatch, written, max_actions=5)
-    monkeypatch.setattr(fleet_actions, "drain_node", _no_drain)
+    monkeypatch.setattr(node_eviction, "drain_node", _no_drain)
     # Two nodes named, max_evict_nodes=1: the group restarts, nothing is excluded.
-    acts.on_alarms([{**alarm("straggler"), "ranks": [1, 2], "attempt": 0}])
+    acts.on_alarms([alarm("straggler", ranks=(1, 2))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
-    assert acts.order_for(0)["action"] == "reattempt" and acts.excluded_nodes() == []
+    assert acts.order_for(0).action == "reattempt" and acts.excluded_nodes() == []
     assert "run on 2 nodes, more than max_evict_nodes (1)" in written[-1]["reason"]
     # Every rank named (as a collective hang names them): stacks first, then a restart, and why.
-    acts.on_alarms([{**alarm("straggler"), "ranks": [0, 1, 2], "attempt": 1}])
+    acts.on_alarms([alarm("straggler", attempt=1, ranks=(0, 1, 2))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
     every = next(x for x in written if x.get("attempt") == 1 and "action" in x)
     assert (every["action"], every["diagnose"], every["requested"]) == ("reattempt", True, ["evict"])
     assert "names every rank (3 of 3)" in every["reason"]
-    assert acts.order_for(1)["action"] == "reattempt" and acts.excluded_nodes() == []
+    assert acts.order_for(1).action == "reattempt" and acts.excluded_nodes() == []
     # One node out leaves room (the spare); a second would leave two slots for three workers.
-    acts.on_alarms([{**alarm("straggler"), "ranks": [1], "attempt": 2}])
+    acts.on_alarms([alarm("straggler", attempt=2, ranks=(1,))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
     assert acts.excluded_nodes() == ["w1"]
-    acts.on_alarms([{**alarm("straggler"), "ranks": [2], "attempt": 3}])
+    acts.on_alarms([alarm("straggler", attempt=3, ranks=(2,))])
     acts.wait_for_actions()  # an evict is carried out on the action thread
-    assert acts.order_for(3)["action"] == "reattempt" and acts.excluded_nodes() == ["w1"]
+    assert acts.order_for(3).action == "reattempt" and acts.excluded_nodes() == ["w1"]
     assert "the cluster has room for 2 of the group's 3 workers" in written[-1]["reason"]
 
 
@@ -528,10 +542,10 @@ def test_two_alarms_at_one_check_the_most_severe_acts_and_both_are_recorded():
     written: list[dict] = []
     acts = FleetActions(
         FleetSettings(actions={"straggler": "reattempt", "nonfinite": "stop"}),
-        lambda name, lines: written.extend(lines),
+        lines_into(written),
     )
     acts.on_alarms([alarm("straggler"), alarm("nonfinite")])  # the analyzer's order: straggler first
-    assert acts.order_for(0)["action"] == "stop" and acts.stop_message().startswith("stopped by the fleet's nonfinite")
+    assert acts.order_for(0).action == "stop" and acts.stop_message().startswith("stopped by the fleet's nonfinite")
     stop, straggler = written
     assert (stop["alarm"], stop["action"], stop["outcome"]) == ("nonfinite", "stop", "requested")
     assert (straggler["alarm"], straggler["action"], straggler["outcome"]) == ("straggler", "log", "superseded")
@@ -571,7 +585,7 @@ def test_the_ledger_keeps_answering_while_a_policy_a_drain_or_py_spy_never_retur
     import threading
 
     from ray_ormas._internal.fleet.facts import RankFacts
-    from ray_ormas._internal.head import fleet_actions, policy_runner
+    from ray_ormas._internal.head import fleet_actions, node_eviction, policy_runner
     from ray_ormas._internal.head.fleet_head import FleetSpec
     from ray_ormas._internal.head.ledger import Ledger
     from ray_ormas._internal.record.store import RecordStore
@@ -591,10 +605,10 @@ def test_the_ledger_keeps_answering_while_a_policy_a_drain_or_py_spy_never_retur
     monkeypatch.setattr(policy_runner, "POLICY_LIMIT_S", 1.0)
     monkeypatch.setattr(fleet_actions, "ACTION_WAIT_S", 1.0)
     monkeypatch.setattr(fleet_actions, "EVICT_SETTLE_S", 1.0)
-    monkeypatch.setattr(fleet_actions, "_stacks_of_ranks", stacks)
-    monkeypatch.setattr(fleet_actions, "drain_node", drain)
-    monkeypatch.setattr(fleet_actions, "_never_evicted", lambda driver: {})
-    monkeypatch.setattr(fleet_actions, "_alive_nodes", lambda: {n: {"CPU": 1.0} for n in ("w0", "w1", "spare")})
+    monkeypatch.setattr(fleet_actions, "stacks_of_ranks", stacks)
+    monkeypatch.setattr(node_eviction, "drain_node", drain)
+    monkeypatch.setattr(node_eviction, "_never_evicted", lambda driver: {})
+    monkeypatch.setattr(node_eviction, "_alive_nodes", lambda: {n: {"CPU": 1.0} for n in ("w0", "w1", "spare")})
     settings = FleetSettings(
         ray_metrics=False,
         actions={"nonfinite": ["diagnose", "evict"]} if stall != "policy" else {},
@@ -689,13 +703,11 @@ def test_a_stop_reaches_the_next_attempt_and_is_recorded_done_only_when_the_fit_
 
     for stopped in (False, True):
         written: list[dict] = []
-        acts = FleetActions(
-            FleetSettings(actions={"nonfinite": "stop"}), lambda name, lines, to=written: to.extend(lines)
-        )
+        acts = FleetActions(FleetSettings(actions={"nonfinite": "stop"}), lines_into(written))
         acts.on_alarms([alarm("nonfinite")])
         # The controller's wait for the ledger timed out and Ray restarted the group: the new
         # attempt's ranks read the stop at their first check.
-        assert acts.order_for(0)["action"] == acts.order_for(1)["action"] == "stop"
+        assert acts.order_for(0).action == acts.order_for(1).action == "stop"
         acts.finished(stopped)
         outcome = written[-1]
         if stopped:
@@ -717,13 +729,13 @@ def test_a_restart_nobody_ordered_resumes_where_ray_would_and_a_gone_choice_is_s
     for folder in kept:
         folder.mkdir()
     written: list[dict] = []
-    acts = FleetActions(FleetSettings(actions={"nonfinite": "reattempt"}), lambda name, lines: written.extend(lines))
+    acts = FleetActions(FleetSettings(actions={"nonfinite": "reattempt"}), lines_into(written))
     acts.book.checked(0, 10, clean=True)
     acts.book.taken(10, 0, Checkpoint(str(kept[0])))
     acts.book.checked(0, 15, clean=False)  # a divergence at run step 15, only logged
     acts.book.taken(20, 0, Checkpoint(str(kept[1])))
     assert acts.resume_from() is None  # nobody ordered a restart: Ray's latest (20)
-    acts.on_alarms([{**alarm("nonfinite"), "run_step": 25}])  # damage: back to the clean checkpoint at 10
+    acts.on_alarms([alarm("nonfinite", run_step=25)])  # damage: back to the clean checkpoint at 10
     assert written[-1]["checkpoint_run_step"] == 10
     assert acts.resume_from().path == str(kept[0])
     kept[0].rmdir()  # num_to_keep deleted it before the restart loaded it

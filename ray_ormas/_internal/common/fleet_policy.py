@@ -22,6 +22,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
 from ray_ormas.errors import OptionError
 
 Policy = Callable[["FleetView"], "FleetAction | None"]
@@ -36,10 +37,12 @@ class FleetView:
         attempt: the worker-group attempt (0, 1, ... after restarts).
         check: the monitor's check index within the attempt.
         step: the attempt's step of the check; `run_step` is the run's (across restarts).
-        ranks: one dict per rank at this check, as in the fleet record's `checks.jsonl`: `rank`,
-            `node`, `data_s`, `forward_s`, `wall_s`, `loss`, `nonfinite`, `digest`,
-            `relative_score`, `individual_score`, `slow`, `slow_in`.
-        alarms: every alarm of the fit so far, oldest first (kind, ranks, node, run_step, message).
+        ranks: one `RankRow` per rank at this check, as in the fleet record's `checks.jsonl`:
+            `rank`, `node`, `data_s`, `forward_s`, `wall_s`, `timed_steps`, `loss`, `nonfinite`,
+            `digest`, `relative_score`, `individual_score`, `slow`, `slow_in` (`row.slow`;
+            `row["slow"]` still reads it, as when the rows were dicts).
+        alarms: every `FleetAlarm` of the fit so far, oldest first (`kind`, `ranks`, `node`,
+            `run_step`, `message`, ...).
         memory: the policy's own dict, the same object at every call of the fit.
     """
 
@@ -47,8 +50,8 @@ class FleetView:
     check: int
     step: int
     run_step: int
-    ranks: tuple[dict[str, Any], ...]
-    alarms: tuple[dict[str, Any], ...]
+    ranks: tuple[RankRow, ...]
+    alarms: tuple[FleetAlarm, ...]
     memory: dict[str, Any] = field(default_factory=dict)
 
 

@@ -26,9 +26,10 @@ The rules (docs/fleet-health.md, "When the fleet acts"):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ray_ormas._internal.common.fleet_records import ActionLine, FleetAlarm
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 
 DAMAGE_KINDS = ("divergence", "nonfinite")  # alarms whose later checkpoints are not resumed from
@@ -132,11 +133,11 @@ class ActionPlanner:
     _acted_attempts: set[int] = field(default_factory=set)
     _next_id: int = 0
 
-    def chain_of(self, alarm: dict[str, Any]) -> tuple[str, ...]:
+    def chain_of(self, alarm: FleetAlarm) -> tuple[str, ...]:
         """The actions `alarm` asks for: its policy's chain, or its kind's in the settings."""
-        return tuple(alarm["chain"]) if alarm.get("chain") else self.settings.action_for(alarm["kind"])
+        return alarm.chain if alarm.chain else self.settings.action_for(alarm.kind)
 
-    def decide_check(self, alarms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    def decide_check(self, alarms: list[FleetAlarm]) -> list[tuple[ActionLine, FleetAlarm]]:
         """The action lines of alarms that came together, with their alarms: the most severe one's
         as `decide` gives it, first, then every other alarm that asked for more than logging, as
         `superseded` (it logs; it does not count against `max_actions`)."""
@@ -153,64 +154,56 @@ class ActionPlanner:
             if alarm is first:
                 continue
             self._next_id += 1
-            line = {
-                **self._line(alarm, self.chain_of(alarm)),
-                "action": "log",
-                "diagnose": False,
-                "outcome": "superseded",
-                "reason": f"the {first['kind']} alarm's {winner} at the same check comes first "
+            line = self._line(
+                alarm,
+                self.chain_of(alarm),
+                action="log",
+                outcome="superseded",
+                reason=f"the {first.kind} alarm's {winner} at the same check comes first "
                 f"(stop > evict > reattempt > diagnose > log): only logged",
-            }
+            )
             lines.append((line, alarm))
         return lines
 
-    def _line(self, alarm: dict[str, Any], chain: tuple[str, ...]) -> dict[str, Any]:
-        return {
-            "id": self._next_id,
-            "alarm": alarm["kind"],
-            "requested": list(chain),
-            "attempt": alarm.get("attempt"),
-            "run_step": alarm.get("run_step"),
-            "ranks": list(alarm.get("ranks") or []),
-            "node": alarm.get("node"),
-            "time": round(time.time(), 3),
-        }
+    def _line(
+        self, alarm: FleetAlarm, chain: tuple[str, ...], action: str, outcome: str, diagnose: bool = False, **more: Any
+    ) -> ActionLine:
+        return ActionLine(
+            id=self._next_id,
+            alarm=alarm.kind,
+            requested=alarm.requested or chain,  # the chain the settings gave, before a bound changed it
+            action=action,
+            diagnose=diagnose,
+            outcome=outcome,
+            attempt=alarm.attempt,
+            run_step=alarm.run_step,
+            ranks=alarm.ranks,
+            node=alarm.node,
+            time=round(time.time(), 3),
+            **more,
+        )
 
-    def decide(self, alarm: dict[str, Any]) -> dict[str, Any] | None:
+    def decide(self, alarm: FleetAlarm) -> ActionLine | None:
         """The action line of `alarm` (its `action` the one to carry out, `diagnose` whether stacks
         are captured first), or None when the alarm only logs as it always did."""
         chain = self.chain_of(alarm)
         if chain == ("log",):
             return None
         self._next_id += 1
-        line = self._line(alarm, chain)
-        if alarm.get("requested"):  # the chain the settings gave, before a bound changed it
-            line["requested"] = list(alarm["requested"])
         if self.taken >= self.settings.max_actions:
-            return {
-                **line,
-                "action": "log",
-                "diagnose": False,
-                "outcome": "bounded",
-                "reason": f"max_actions ({self.settings.max_actions}) already taken in this fit: only logged",
-            }
-        if alarm.get("attempt") in self._acted_attempts:
-            return {
-                **line,
-                "action": "log",
-                "diagnose": False,
-                "outcome": "skipped",
-                "reason": f"attempt {alarm.get('attempt')} is already being acted on: only logged",
-            }
+            reason = f"max_actions ({self.settings.max_actions}) already taken in this fit: only logged"
+            return self._line(alarm, chain, action="log", outcome="bounded", reason=reason)
+        if alarm.attempt in self._acted_attempts:
+            reason = f"attempt {alarm.attempt} is already being acted on: only logged"
+            return self._line(alarm, chain, action="log", outcome="skipped", reason=reason)
         self.taken += 1
         final = chain[-1] if chain[-1] != "diagnose" else "log"
         if final in RESTARTS + ("stop",):
-            attempt = alarm.get("attempt")
-            self._acted_attempts.add(attempt if isinstance(attempt, int) else -1)
-        decided = {**line, "action": final, "diagnose": chain[0] == "diagnose", "outcome": "requested"}
-        if alarm.get("bounded_by"):  # why the chain is not the one the settings gave
-            decided["reason"] = alarm["bounded_by"]
-        return decided
+            self._acted_attempts.add(alarm.attempt if alarm.attempt is not None else -1)
+        # `bounded_by`: why the chain is not the one the settings gave
+        return self._line(
+            alarm, chain, action=final, outcome="requested", diagnose=chain[0] == "diagnose", reason=alarm.bounded_by
+        )
 
     def released(self, attempt: int | None) -> None:
         """The action on `attempt` fell back to logging: it does not count against `max_actions`,
@@ -219,6 +212,6 @@ class ActionPlanner:
         self._acted_attempts.discard(attempt if attempt is not None else -1)
 
 
-def fall_back(line: dict[str, Any], reason: str) -> dict[str, Any]:
+def fall_back(line: ActionLine, reason: str) -> ActionLine:
     """An action that could not be carried out: it logs instead, and says why."""
-    return {**line, "action": "log", "outcome": "failed", "reason": reason}
+    return replace(line, action="log", outcome="failed", reason=reason)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.fleet.facts import RankFacts
 
@@ -54,8 +55,8 @@ class CheckOutcome:
     check: int
     step: int
     run_step: int
-    ranks: list[dict[str, Any]]
-    alarms: list[dict[str, Any]]
+    ranks: list[RankRow]
+    alarms: list[FleetAlarm]
     loss_mean: float | None
 
 
@@ -102,7 +103,7 @@ class FleetAnalyzer:
     def _evaluate(self, attempt: int, check: int, facts: list[RankFacts]) -> CheckOutcome:
         step = facts[0].step
         run_step = self.run_step(attempt, step)
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "rank": f.rank,
                 "node": f.node,
@@ -120,7 +121,7 @@ class FleetAnalyzer:
             }
             for f in facts
         ]
-        alarms: list[dict[str, Any]] = []
+        alarms: list[FleetAlarm] = []
         where = {"attempt": attempt, "check": check, "step": step, "run_step": run_step}
         if check > 0:
             alarms += self._stragglers(attempt, rows, where)
@@ -133,12 +134,12 @@ class FleetAnalyzer:
             check=check,
             step=step,
             run_step=run_step,
-            ranks=rows,
+            ranks=[RankRow(**r) for r in rows],
             alarms=alarms,
             loss_mean=statistics.fmean(losses) if losses else None,
         )
 
-    def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[dict[str, Any]]:
+    def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[FleetAlarm]:
         busy = [_busy(r) for r in rows]
         timed = [b for b in busy if b is not None]
         if len(timed) < 2:
@@ -148,7 +149,7 @@ class FleetAnalyzer:
         sorted_busy = sorted(timed)
         data = sorted(r["data_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
         forward = sorted(r["forward_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
-        alarms = []
+        alarms: list[FleetAlarm] = []
         for r, b in zip(rows, busy):
             if b is None:
                 continue
@@ -176,50 +177,42 @@ class FleetAnalyzer:
                 component = r["data_s"] if slow_in == "data" else r["forward_s"]
                 reference = _median_without(data if slow_in == "data" else forward, component or 0.0)
                 alarms.append(
-                    {
+                    FleetAlarm(
                         **where,
-                        "kind": "straggler",
-                        "ranks": [r["rank"]],
-                        "node": r["node"],
-                        "slow_in": slow_in,
-                        "relative_score": r["relative_score"],
-                        "individual_score": r["individual_score"],
-                        "message": f"rank {r['rank']} on node {r['node']} is slow in {what} for "
+                        kind="straggler",
+                        ranks=(r["rank"],),
+                        node=r["node"],
+                        slow_in=slow_in,
+                        relative_score=r["relative_score"],
+                        individual_score=r["individual_score"],
+                        message=f"rank {r['rank']} on node {r['node']} is slow in {what} for "
                         f"{state.streak} checks: {_ms(component)} against the other ranks' "
                         f"{_ms(reference)} (straggler score {relative:.2f})",
-                    }
+                    )
                 )
             elif state.alarmed and state.fast_streak == self.settings.slow_checks:
                 # The same N both ways: one noisy check on a loaded node neither raises nor ends an episode.
                 state.alarmed = False
                 alarms.append(
-                    {
+                    FleetAlarm(
                         **where,
-                        "kind": "straggler_recovered",
-                        "ranks": [r["rank"]],
-                        "node": r["node"],
-                        "message": f"rank {r['rank']} on node {r['node']} is no longer slow for "
+                        kind="straggler_recovered",
+                        ranks=(r["rank"],),
+                        node=r["node"],
+                        message=f"rank {r['rank']} on node {r['node']} is no longer slow for "
                         f"{state.fast_streak} checks (straggler score {relative:.2f})",
-                    }
+                    )
                 )
         return alarms
 
-    def _divergence(self, attempt: int, facts: list[RankFacts], where: dict[str, Any]) -> list[dict[str, Any]]:
+    def _divergence(self, attempt: int, facts: list[RankFacts], where: dict[str, Any]) -> list[FleetAlarm]:
         groups: dict[str | None, list[int]] = {}
         for f in facts:
             groups.setdefault(f.digest, []).append(f.rank)
         if len(groups) <= 1:
             if self._diverged_in is not None:
                 self._diverged_in = None
-                return [
-                    {
-                        **where,
-                        "kind": "divergence_resolved",
-                        "ranks": [],
-                        "node": None,
-                        "message": "the replicas' parameters agree again",
-                    }
-                ]
+                return [FleetAlarm(**where, kind="divergence_resolved", message="the replicas' parameters agree again")]
             return []
         if self._diverged_in == attempt:
             return []
@@ -232,16 +225,16 @@ class FleetAnalyzer:
         nodes = sorted({str(by_rank[r].node) for r in odd})
         at = f", first in {layer}" if layer else ""
         return [
-            {
+            FleetAlarm(
                 **where,
-                "kind": "divergence",
-                "ranks": odd,
-                "node": ",".join(nodes),
-                "layer": layer,
-                "message": f"rank(s) {odd} hold parameters that differ from the other replicas' at step "
+                kind="divergence",
+                ranks=tuple(odd),
+                node=",".join(nodes),
+                layer=layer,
+                message=f"rank(s) {odd} hold parameters that differ from the other replicas' at step "
                 f"{where['run_step']}{at}: DDP keeps replicas identical, so something changed them "
                 f"outside the all-reduced update (a per-rank edit, a missed broadcast, nondeterminism)",
-            }
+            )
         ]
 
     def _first_difference(self, attempt: int, a: RankFacts, b: RankFacts) -> str | None:
@@ -254,7 +247,7 @@ class FleetAnalyzer:
                 return _layer(first) if first == last else f"one of {first} ... {last}"
         return None
 
-    def _nonfinite_alarm(self, facts: list[RankFacts], where: dict[str, Any]) -> list[dict[str, Any]]:
+    def _nonfinite_alarm(self, facts: list[RankFacts], where: dict[str, Any]) -> list[FleetAlarm]:
         by_loss = [f for f in facts if f.nonfinite_loss]
         by_grad = [f for f in facts if f.nonfinite_layers]
         culprits = by_loss or by_grad
@@ -271,49 +264,42 @@ class FleetAnalyzer:
         detail = f"; non-finite gradients in {', '.join(layers)}" if layers else ""
         everyone = " (every rank)" if len(ranks) == len(facts) and len(facts) > 1 else ""
         return [
-            {
+            FleetAlarm(
                 **where,
-                "kind": "nonfinite",
-                "ranks": ranks,
-                "node": ",".join(nodes),
-                "source": source,
-                "layer": layers[0] if layers else None,
-                "layers": layers,
-                "message": f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}",
-            }
+                kind="nonfinite",
+                ranks=tuple(ranks),
+                node=",".join(nodes),
+                source=source,
+                layer=layers[0] if layers else None,
+                layers=tuple(layers),
+                message=f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}",
+            )
         ]
 
 
-def hang_alarm(attempt: int, error: str, ranks: list[int]) -> dict[str, Any]:
+def hang_alarm(attempt: int, error: str, ranks: list[int]) -> FleetAlarm:
     """A fleet alarm for Ray Train's NCCL hang detector (an `NCCLHangError`)."""
-    return {
-        "attempt": attempt,
-        "check": None,
-        "step": None,
-        "run_step": None,
-        "kind": "nccl_hang",
-        "ranks": ranks,
-        "node": None,
-        "message": f"Ray Train's NCCL hang detector stopped the worker group: {error}"[:2000],
-        "time": time.time(),
-    }
+    return FleetAlarm(
+        attempt=attempt,
+        kind="nccl_hang",
+        ranks=tuple(ranks),
+        message=f"Ray Train's NCCL hang detector stopped the worker group: {error}"[:2000],
+        time=time.time(),
+    )
 
 
-def unreadable_alarm(attempt: int, rank: int, check: int, error: str) -> dict[str, Any]:
+def unreadable_alarm(attempt: int, rank: int, check: int, error: str) -> FleetAlarm:
     """A fleet alarm for a rank whose facts could not be read: the checks it misses stay incomplete,
     so fleet health cannot compare the ranks while it lasts."""
-    return {
-        "attempt": attempt,
-        "check": check,
-        "step": None,
-        "run_step": None,
-        "kind": "unreadable",
-        "ranks": [rank],
-        "node": None,
-        "message": f"rank {rank} could not read its fleet facts at check {check} ({error}); fleet health cannot "
+    return FleetAlarm(
+        attempt=attempt,
+        check=check,
+        kind="unreadable",
+        ranks=(rank,),
+        message=f"rank {rank} could not read its fleet facts at check {check} ({error}); fleet health cannot "
         f"compare the ranks at the checks it misses"[:2000],
-        "time": time.time(),
-    }
+        time=time.time(),
+    )
 
 
 def _busy(row: dict[str, Any]) -> float | None:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+from ray_ormas._internal.common.fleet_records import FleetAlarm
 
 DERIVED_FACTOR = 10.0
 DERIVED_FLOOR_S = 120.0
@@ -99,7 +100,7 @@ class StallWatch:
             bound = max(DERIVED_FLOOR_S, DERIVED_FACTOR * self._longest_gap_s)
         return max(bound, WARM_UP_FLOOR_S) if self.warming_up() else bound
 
-    def poll(self, now: float) -> dict[str, Any] | None:
+    def poll(self, now: float) -> FleetAlarm | None:
         """The hang alarm, once per stall, when no rank has reached a later check for `bound_s()`."""
         if not self._watching or self._alarmed or self._since is None or self._attempt is None:
             return None
@@ -123,7 +124,7 @@ def stall_alarm(
     waited_s: float,
     bound_s: float,
     warm_up: bool = False,
-) -> dict[str, Any]:
+) -> FleetAlarm:
     """A fleet alarm for a stall: its `ranks` are those that did not reach the latest check (all
     of them when every rank reached it and none the next), `reached` those that did."""
     stuck = missing or reached
@@ -131,18 +132,16 @@ def stall_alarm(
     said = f"ranks {_ranks(reached)} reached check {check}" + (
         f", ranks {_ranks(missing)} did not" if missing else ", and none has reached a later one"
     )
-    return {
-        "attempt": attempt,
-        "check": check,
-        "step": step,
-        "run_step": None,  # the fleet head adds the attempt's offset
-        "kind": "hang",
-        "ranks": stuck,
-        "reached": reached,
-        "node": None,
-        "message": f"no rank has reached a new check for {waited_s:.0f} s (the bound is {bound_s:g} s{why}): {said}",
-        "time": time.time(),
-    }
+    return FleetAlarm(  # its run step: the fleet head adds the attempt's offset
+        attempt=attempt,
+        check=check,
+        step=step,
+        kind="hang",
+        ranks=tuple(stuck),
+        reached=tuple(reached),
+        message=f"no rank has reached a new check for {waited_s:.0f} s (the bound is {bound_s:g} s{why}): {said}",
+        time=time.time(),
+    )
 
 
 def _ranks(ranks: list[int]) -> str:

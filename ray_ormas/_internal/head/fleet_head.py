@@ -27,18 +27,20 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
+from ray_ormas._internal.common.fleet_records import FLEET_LINES_VERSION, FleetAlarm, FleetLine, Order, RankRow
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.fleet.analysis import FleetAnalyzer, hang_alarm, unreadable_alarm
+from ray_ormas._internal.fleet.analysis import CheckOutcome, FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.stall import StallWatch
-from ray_ormas._internal.head.fleet_actions import FleetActions, GroupShape, RankHandle
+from ray_ormas._internal.head.fleet_actions import FleetActions
+from ray_ormas._internal.head.node_eviction import GroupShape
 from ray_ormas._internal.head.policy_runner import PolicyRunner
+from ray_ormas._internal.head.rank_stacks import RankHandle
 from ray_ormas._internal.record.fleet_record import (
-    CHECK_FIELDS,
     FleetRecordWriter,
     FleetSummary,
     fleet_summary,
@@ -73,13 +75,19 @@ class FleetSpec:
 
 @dataclass(frozen=True)
 class CompleteCheck:
-    """A check every rank's facts are in for: where it is (attempt, check, step, run_step, time),
-    each rank's row, the analysis's alarms and the mean loss (`where` empty: facts it could not use)."""
+    """A check every rank's facts are in for, as the analysis concluded it (`outcome`: None when
+    the facts could not be used), and when (`time`, Unix seconds)."""
 
-    where: dict[str, Any]
-    lines: list[dict[str, Any]]
-    alarms: list[dict[str, Any]]
-    loss_mean: float | None
+    outcome: CheckOutcome | None
+    time: float
+
+    def record_lines(self) -> list[dict[str, Any]]:
+        """Its rows as the fleet record's `checks.jsonl` lines: where, then each rank's row."""
+        o = self.outcome
+        if o is None:
+            return []
+        where = {"attempt": o.attempt, "check": o.check, "step": o.step, "run_step": o.run_step, "time": self.time}
+        return [{**where, **row.to_line()} for row in o.ranks]
 
 
 class FleetHead:
@@ -94,6 +102,7 @@ class FleetHead:
             spec.fit_id,
             {
                 "format": "ray-ormas-fleet",
+                "version": FLEET_LINES_VERSION,
                 "fit_id": spec.fit_id,
                 "run_name": spec.run_name,
                 "world_size": spec.world,
@@ -125,7 +134,7 @@ class FleetHead:
         self._stall = StallWatch(s.hang_after_s, spec.world)
         self._actions = FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
-        self._alarms_seen: list[dict[str, Any]] = []  # what the policy sees of the fit's alarms
+        self._alarms_seen: list[FleetAlarm] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
         threading.Thread(target=self._watch_for_hangs, name="ray-ormas-hang-watch", daemon=True).start()
 
@@ -201,55 +210,46 @@ class FleetHead:
                 if outcome is None:
                     return None
                 now = round(time.time(), 3)
-                where = {
-                    "attempt": outcome.attempt,
-                    "check": outcome.check,
-                    "step": outcome.step,
-                    "run_step": outcome.run_step,
-                    "time": now,
-                }
-                lines = [{**where, **{k: r.get(k) for k in CHECK_FIELDS}} for r in outcome.ranks]
-                alarms = [{**a, "time": now} for a in outcome.alarms]
+                outcome.alarms = [replace(a, time=now) for a in outcome.alarms]
                 self._last_run_step = outcome.run_step
                 self._complete += 1
                 if self._actions is not None:
                     self._actions.book.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
-                return CompleteCheck(where, lines, alarms, outcome.loss_mean)
+                return CompleteCheck(outcome, now)
         except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
-            return CompleteCheck({}, [], [], None)
+            return CompleteCheck(None, time.time())
         finally:
             self._head_s += time.thread_time() - started
 
     def conclude(self, check: CompleteCheck) -> None:
         """A complete check: the user's policy (within its time limit, head/policy_runner.py),
         then its lines, alarms and actions. One check at a time, in the order they completed."""
-        if not check.where:
+        outcome = check.outcome
+        if outcome is None:
             return
         with self._concluding:
             started = time.thread_time()
             try:
-                alarms = list(check.alarms)
+                alarms = list(outcome.alarms)
                 if self._policy is not None:
-                    alarms += self._policy.consult(
-                        check.where, check.lines, (*self._alarms_seen, *alarms), check.where["time"]
-                    )
-                self._emit(check.lines, alarms, check.loss_mean, settle=True)
+                    alarms += self._policy.consult(outcome, (*self._alarms_seen, *alarms), check.time)
+                self._emit(check.record_lines(), alarms, outcome.loss_mean, settle=True)
             except Exception as e:  # a malformed fact must not take the ledger down
                 logger.warning("fleet: could not conclude a check (%s: %s)", type(e).__name__, e)
             finally:
                 self._head_s += time.thread_time() - started
 
-    def _clean(self, ranks: list[dict[str, Any]]) -> bool:
+    def _clean(self, ranks: list[RankRow]) -> bool:
         """Every loss finite and, where replicas are compared, one digest."""
-        digests = {r.get("digest") for r in ranks} if self._analyzer.compare_digests else set()
-        return len(digests) <= 1 and not any(r.get("nonfinite") for r in ranks)
+        digests = {r.digest for r in ranks} if self._analyzer.compare_digests else set()
+        return len(digests) <= 1 and not any(r.nonfinite for r in ranks)
 
-    def order_for(self, attempt: int) -> dict[str, Any] | None:
+    def order_for(self, attempt: int) -> Order | None:
         """The order the ranks of `attempt` carry out at their next check, if an action gave one."""
         return self._actions.order_for(attempt) if self._actions is not None else None
 
-    def order_at_end(self, attempt: int) -> dict[str, Any] | None:
+    def order_at_end(self, attempt: int) -> Order | None:
         """The ranks of `attempt` ended their loop: its order, once the actions under way (a
         diagnose, an evict) have decided theirs. Called without the lock, which they need to write."""
         if self._actions is None:
@@ -289,8 +289,9 @@ class FleetHead:
         """The nodes a run-scoped evict keeps this run's later worker groups off."""
         return self._actions.excluded_nodes() if self._actions is not None else []
 
-    def _write_action(self, name: str, lines: list[dict[str, Any]]) -> None:
+    def _write_action(self, name: str, records: Sequence[FleetLine]) -> None:
         """Action and stack lines: to the record, one console line each, MLflow and Ray's counter."""
+        lines = [r.to_line() for r in records]
         if not lines:
             return
         with self._lock:
@@ -308,8 +309,7 @@ class FleetHead:
         """A rank's facts could not be read: an alarm that names it (in the fleet record, one
         warning, the fit's fleet summary), since the checks it misses cannot be analyzed."""
         self._unreadable.add(attempt)
-        alarm = {**unreadable_alarm(attempt, rank, check, error), "run_step": self._last_run_step}
-        self._emit([], [alarm], None)
+        self._emit([], [replace(unreadable_alarm(attempt, rank, check, error), run_step=self._last_run_step)], None)
 
     def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
         """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""
@@ -323,8 +323,7 @@ class FleetHead:
         if self._hangs_seen and not ranks:
             return  # the same hang, seen again as the fit's own error
         self._hangs_seen = True
-        alarm = {**hang_alarm(attempt, error, ranks), "run_step": self._last_run_step}
-        self._emit([], [alarm], None)
+        self._emit([], [replace(hang_alarm(attempt, error, ranks), run_step=self._last_run_step)], None)
 
     def meeting(self, kind: str) -> None:
         """A rank arrived at a report's meeting ("final": its loop has ended)."""
@@ -341,41 +340,35 @@ class FleetHead:
                     alarm = self._stall.poll(time.monotonic())
                     if alarm is None:
                         continue
-                    step = alarm["step"]
-                    at = self._last_run_step if step is None else self._analyzer.run_step(alarm["attempt"], step)
-                    nodes = sorted(
-                        {
-                            self._nodes[(alarm["attempt"], r)]
-                            for r in alarm["ranks"]
-                            if (alarm["attempt"], r) in self._nodes
-                        }
-                    )
-                    self._emit(
-                        [], [{**alarm, "run_step": at, "node": alarm.get("node") or ",".join(nodes) or None}], None
-                    )
+                    attempt = alarm.attempt or 0
+                    step = alarm.step
+                    at = self._last_run_step if step is None else self._analyzer.run_step(attempt, step)
+                    nodes = sorted({self._nodes[(attempt, r)] for r in alarm.ranks if (attempt, r) in self._nodes})
+                    self._emit([], [replace(alarm, run_step=at, node=alarm.node or ",".join(nodes) or None)], None)
             except Exception as e:  # the watch must never take the ledger down
                 logger.warning("fleet: the hang watch stopped (%s: %s)", type(e).__name__, e)
                 return
 
     def _emit(
-        self, lines: list[dict[str, Any]], alarms: list[dict[str, Any]], loss_mean: float | None, settle: bool = False
+        self, lines: list[dict[str, Any]], alarms: list[FleetAlarm], loss_mean: float | None, settle: bool = False
     ) -> None:
         """A check's rows and alarms, or alarms alone: to the record, the console, Ray's metrics,
         MLflow, and the actions; `settle`: the caller may wait for an evict's order (a check's
         conclusion, in a thread of its own), never under the lock."""
         evicting = []
+        alarm_lines = [a.to_line() for a in alarms]
         with self._lock:
             self._record.append("checks", lines)
-            self._record.append("alarms", alarms, urgent=True)
+            self._record.append("alarms", alarm_lines, urgent=True)
             self._alarms_seen += alarms
             for a in alarms:
-                logger.warning("fleet %s: %s", a["kind"], a["message"])
+                logger.warning("fleet %s: %s", a.kind, a.message)
             if self._actions is not None and alarms:
                 evicting = self._actions.on_alarms(alarms)  # one decision for the check: the most severe
             if self._gauges is not None:
-                self._gauges.update(lines, loss_mean, alarms)
+                self._gauges.update(lines, loss_mean, alarm_lines)
             if self._tracking is not None:
-                self._tracking.fleet(mlflow_entries(lines, alarms, self._spec.settings.mlflow_ranks))
+                self._tracking.fleet(mlflow_entries(lines, alarm_lines, self._spec.settings.mlflow_ranks))
         if settle and self._actions is not None:
             self._actions.settle(evicting)
 

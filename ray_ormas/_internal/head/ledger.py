@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
 
@@ -131,7 +132,7 @@ class Ledger:
             attempt = self.begin_attempt(token)
             self._fleet.offset(attempt, offset, self._worlds.get(attempt))
 
-    async def fleet_facts(self, token: str, facts: RankFacts) -> dict[str, Any] | None:
+    async def fleet_facts(self, token: str, facts: RankFacts) -> Order | None:
         """One rank's facts at one check. When an alarm can act, the answer comes once the check
         is complete (at most ORDER_WAIT_S later): the order an alarm's action gave this attempt's
         ranks (head/fleet_actions.py), or None. Every rank reads it at its next check, so all of
@@ -156,7 +157,7 @@ class Ledger:
                 await asyncio.wait_for(done.wait(), ORDER_WAIT_S)
         return self._fleet.order_for(attempt)
 
-    async def fleet_order_at_end(self, token: str) -> dict[str, Any] | None:
+    async def fleet_order_at_end(self, token: str) -> Order | None:
         """Every rank of the attempt has ended its loop (they met for the final report): the
         order an alarm's action gave the attempt after the ranks' last check, once the stacks a
         `diagnose` is capturing are in and its action decided (at most STACK_TIMEOUT_S more), or

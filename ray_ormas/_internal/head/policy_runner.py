@@ -20,6 +20,8 @@ import threading
 from typing import Any, Callable
 
 from ray_ormas._internal.common.fleet_policy import FleetAction, FleetView, policy_name
+from ray_ormas._internal.common.fleet_records import FleetAlarm
+from ray_ormas._internal.fleet.analysis import CheckOutcome
 from ray_ormas.errors import OptionTypeError
 
 POLICY_LIMIT_S = 10.0  # the longest a policy may take to answer at one check
@@ -41,15 +43,18 @@ class PolicyRunner:
         self._name = policy_name(policy)
         self._memory: dict[str, Any] = {}
 
-    def consult(
-        self, where: dict[str, Any], lines: list[dict[str, Any]], alarms: tuple[dict[str, Any], ...], now: float
-    ) -> list[dict[str, Any]]:
-        """The policy at one complete check (`where`: attempt, check, step, run_step; `lines`:
-        every rank's row): its alarm, when it asks for more than nothing."""
+    def consult(self, check: CheckOutcome, alarms: tuple[FleetAlarm, ...], now: float) -> list[FleetAlarm]:
+        """The policy at one complete check (`alarms`: the fit's so far): its alarm, when it asks
+        for more than nothing."""
         if self._policy is None:
             return []
-        where = {k: where[k] for k in ("attempt", "check", "step", "run_step")}
-        view = FleetView(**where, ranks=tuple(lines), alarms=alarms, memory=self._memory)
+        where: dict[str, Any] = {
+            "attempt": check.attempt,
+            "check": check.check,
+            "step": check.step,
+            "run_step": check.run_step,
+        }
+        view = FleetView(**where, ranks=tuple(check.ranks), alarms=alarms, memory=self._memory)
         answer: list[Any] = []
         policy = self._policy
         worker = threading.Thread(target=_answer, args=(policy, view, answer), name="ray-ormas-policy", daemon=True)
@@ -66,25 +71,25 @@ class PolicyRunner:
             if not isinstance(asked, FleetAction):
                 raise OptionTypeError(f"returned {type(asked).__name__}; return a ray_ormas.FleetAction or None")
             chain = asked.chain()
-            ranks = [int(r) for r in asked.ranks]
+            ranks = tuple(int(r) for r in asked.ranks)
         except Exception as e:  # the user's rule must not take the ledger down
             return self._given_up(where, now, f"raised {type(e).__name__}: {e}")
-        nodes = {r["rank"]: r.get("node") for r in lines}
+        nodes = {r.rank: r.node for r in check.ranks}
         return [
-            {
+            FleetAlarm(
                 **where,
-                "kind": "policy",
-                "ranks": ranks,
-                "node": nodes.get(ranks[0]) if ranks else None,
-                "chain": list(chain),
-                "message": f"{self._name} asks to {' then '.join(chain)} on ranks {ranks}: {asked.reason}",
-                "time": now,
-            }
+                kind="policy",
+                ranks=ranks,
+                node=nodes.get(ranks[0]) if ranks else None,
+                chain=chain,
+                message=f"{self._name} asks to {' then '.join(chain)} on ranks {list(ranks)}: {asked.reason}",
+                time=now,
+            )
         ]
 
-    def _given_up(self, where: dict[str, Any], now: float, what: str) -> list[dict[str, Any]]:
+    def _given_up(self, where: dict[str, Any], now: float, what: str) -> list[FleetAlarm]:
         """The policy failed (`what` it did): named in a `policy` alarm that asks for nothing (the
         check only logs), and not called again in the fit."""
         self._policy = None
         message = f"the policy {self._name} {what}; it is not called again in this fit"
-        return [{**where, "kind": "policy", "ranks": [], "node": None, "message": message, "time": now}]
+        return [FleetAlarm(**where, kind="policy", message=message, time=now)]

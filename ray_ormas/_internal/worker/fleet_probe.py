@@ -55,6 +55,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.fleet.digest import digest_of, parameter_checksums, read_per_device
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.worker.reporting import loss_value
@@ -101,7 +102,7 @@ class RankProbe:
         self.armed = False
         self._acts = acts
         self._answer: Any = None  # the last fleet_facts call's reference (when an alarm can act)
-        self.order: dict[str, Any] | None = None  # the head's order for this attempt, once read
+        self.order: Order | None = None  # the head's order for this attempt, once read
         if acts:
             self._say_where()
         self.arm()
@@ -207,7 +208,7 @@ class RankProbe:
         except Exception:  # a gone ledger: the next check tries again
             pass
 
-    def order_at_end(self) -> dict[str, Any] | None:
+    def order_at_end(self) -> Order | None:
         """The loop ended on every rank: the head's order that came after this rank's last check
         (its answer, then any an action under way gives: worker/session.py raises it), or None.
         Never raises: without an answer the fit ends as the loop did."""

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import DIARY, SEGMENT_FILE
 from ray_ormas._internal.record.segments import segment_link
@@ -270,7 +271,7 @@ class MonitorRuntime:
         if every and self._primary and self.monitor.checks % every == 0:
             self._session.report("periodic", {}, None)
 
-    def order_at_end(self) -> dict[str, Any] | None:
+    def order_at_end(self) -> Order | None:
         """The loop ended: the head's order that came after the last check (fleet actions), or None."""
         return self._probe.order_at_end() if self._probe is not None else None
 

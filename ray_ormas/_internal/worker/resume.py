@@ -20,6 +20,7 @@ from typing import Any
 import ray
 import ray.train
 
+from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas.errors import FleetReattemptError, FleetStopError
 
 ASK_TIMEOUT_S = 60.0
@@ -47,8 +48,8 @@ def start_checkpoint() -> ray.train.Checkpoint | None:
     return chosen if chosen is not None else ray.train.get_checkpoint()
 
 
-def order_error(order: dict[str, Any]) -> Exception:
+def order_error(order: Order) -> Exception:
     """The error a rank raises for the head's order (its message says why)."""
-    if order.get("action") == "stop":
-        return FleetStopError(order.get("message", "stopped by a fleet alarm"))
-    return FleetReattemptError(order.get("message", "restarting the worker group after a fleet alarm"))
+    if order.action == "stop":
+        return FleetStopError(order.message)
+    return FleetReattemptError(order.message)
