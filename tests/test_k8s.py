@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,8 +31,17 @@ from .conftest import ROOT
 
 K8S = ROOT / "k8s"
 CRDS = ROOT / "tests" / "data" / "kuberay-crds"
-VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/cpu", "overlays/kueue", "overlays/nccl-tcp"]
-GPU_VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/kueue", "overlays/nccl-tcp"]
+VARIANTS = [
+    "rayjob",
+    "raycluster",
+    "overlays/s3",
+    "overlays/cpu",
+    "overlays/kueue",
+    "overlays/nccl-tcp",
+    "overlays/diagnose",
+]
+GPU_VARIANTS = ["rayjob", "raycluster", "overlays/s3", "overlays/kueue", "overlays/nccl-tcp", "overlays/diagnose"]
+PY_SPY_DIR = "/opt/ray-ormas-py-spy"  # k8s/components/diagnose
 KUBERNETES_VERSION = "1.33.0"
 RAY_VERSION = "2.60.0"
 
@@ -177,9 +187,11 @@ def test_policies_hold_in_every_variant(variant):
     assert spec["rayVersion"] == RAY_VERSION and spec["authOptions"] == {"mode": "token"}
     for pod in pod_specs(ray):
         assert pod["securityContext"]["runAsNonRoot"] is True
-        for c in pod["containers"]:
+        for c in pod["containers"] + pod.get("initContainers", []):
             assert c["image"].endswith(f"-ray{RAY_VERSION}-gpu") or c["image"].endswith(f"-ray{RAY_VERSION}-cpu")
-            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            if c["securityContext"]["allowPrivilegeEscalation"] is not False:  # the diagnose component's only
+                assert variant == "overlays/diagnose" and c["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     (mlflow,) = by_kind(objects, "Deployment")
     (pod,) = pod_specs(mlflow)
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -217,6 +229,104 @@ def test_the_gpu_worker_group(variant):
     assert not [e["name"] for e in worker["env"] if e["name"].startswith("MLFLOW_")]  # only the head talks to MLflow
     assert "ray-ormas-mlflow" not in str(worker)
     assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+
+
+@pytest.mark.parametrize("variant", ["overlays/diagnose", "raycluster+diagnose"])
+def test_the_diagnose_component_grants_ptrace_to_py_spy_on_the_workers_only(variant, tmp_path):
+    if variant == "raycluster+diagnose":  # the component added to one's own kustomization
+        (tmp_path / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(K8S / "raycluster", tmp_path)],
+                    "components": [os.path.relpath(K8S / "components" / "diagnose", tmp_path)],
+                }
+            )
+        )
+    objects = render(tmp_path if variant == "raycluster+diagnose" else K8S / variant)
+    (ray,) = [o for o in objects if o["kind"] in ("RayJob", "RayCluster")]
+    assert validation_errors(ray) == []
+    spec = cluster_spec(ray)
+    head = spec["headGroupSpec"]["template"]["spec"]
+    assert "initContainers" not in head and "SYS_PTRACE" not in json.dumps(head)  # nothing trains on the head
+    pod = spec["workerGroupSpecs"][0]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    worker = pod["containers"][0]
+    assert init["command"] == ["ray-ormas", "ptrace-py-spy", PY_SPY_DIR] and init["image"] == worker["image"]
+    assert init["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["SETFCAP"]},
+    }
+    assert worker["securityContext"] == {
+        "allowPrivilegeEscalation": True,  # no no_new_privs: the copy's file capability takes effect
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},  # in the bounding set, effective for py-spy only
+    }
+    assert {"name": "RAY_ORMAS_PY_SPY", "value": f"{PY_SPY_DIR}/py-spy"} in worker["env"]
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    assert mounts["ray-ormas-py-spy"] == {"name": "ray-ormas-py-spy", "mountPath": PY_SPY_DIR, "readOnly": True}
+    assert init["volumeMounts"] == [{"name": "ray-ormas-py-spy", "mountPath": PY_SPY_DIR}]
+    assert {v["name"]: v for v in pod["volumes"]}["ray-ormas-py-spy"]["emptyDir"]
+    for other in VARIANTS:  # no other variant grants anything of it
+        if other != "overlays/diagnose":
+            assert "SYS_PTRACE" not in json.dumps(render(K8S / other)) and "SETFCAP" not in json.dumps(
+                render(K8S / other)
+            )
+
+
+@pytest.mark.timeout(120)
+def test_the_diagnose_init_container_gives_a_non_root_py_spy_the_stacks_of_another_users_process(tmp_path):
+    # What the diagnose component does in a worker pod, on this machine: the init container's
+    # command, as root, writes the copy; then a non-root user (as Ray's user in the pod) runs the
+    # py-spy command line the diagnose action runs (head/rank_stacks.py), with RAY_ORMAS_PY_SPY as
+    # the pod sets it, on a process it could not read otherwise (here: another user's, as Yama's
+    # ptrace_scope makes a Ray worker in a pod). Without the copy, py-spy is refused.
+    import shutil
+
+    from ray_ormas._internal.head import rank_stacks
+
+    python = "/usr/bin/python3"  # a Python every user may run (the suite's own is under /root)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access(python, os.X_OK):
+        pytest.skip("needs root, setpriv (util-linux) and /usr/bin/python3, as the CI machine has")
+    (rayjob,) = by_kind(render(K8S / "overlays/diagnose"), "RayJob")
+    (init,) = cluster_spec(rayjob)["workerGroupSpecs"][0]["template"]["spec"]["initContainers"]
+    folder = tmp_path / "py-spy-dir"
+    command = [str(ROOT / ".venv" / "bin" / init["command"][0]), *init["command"][1:-1], str(folder)]
+    if not Path(command[0]).exists():
+        command[0] = str(Path(sys.executable).parent / init["command"][0])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "may read the stacks of this pod's processes" in done.stderr + done.stdout
+    tmp_path.chmod(0o755)  # the non-root user reaches the copy, as in the pod's emptyDir
+    as_user = ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"]
+    waits = "import time\ndef waiting_for_the_fleet():\n    time.sleep(60)\nwaiting_for_the_fleet()"
+    target = subprocess.Popen(["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", python, "-c", waits])
+    try:
+        time.sleep(1.0)
+        plain = rank_stacks.dump_command(target.pid)
+        refused = subprocess.run([*as_user, *plain], capture_output=True, text=True, timeout=40)
+        os.environ[rank_stacks.PY_SPY_ENV] = str(folder / "py-spy")
+        try:
+            granted = rank_stacks.dump_command(target.pid)
+        finally:
+            del os.environ[rank_stacks.PY_SPY_ENV]
+        read = subprocess.run([*as_user, *granted], capture_output=True, text=True, timeout=40)
+    finally:
+        target.kill()
+        target.wait(10)
+    assert refused.returncode != 0 and "Permission Denied" in refused.stdout + refused.stderr
+    assert granted[0] == str(folder / "py-spy")
+    assert read.returncode == 0 and "waiting_for_the_fleet" in read.stdout, read.stdout + read.stderr
+
+
+def test_the_ptrace_py_spy_command_says_what_to_do_when_it_cannot(tmp_path, caplog):
+    from ray_ormas._internal.cli.main import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["ptrace-py-spy", str(tmp_path / "file" / "dir")]) == 2  # a file where the folder should be
+    assert "mount a writable emptyDir there" in caplog.text
 
 
 def test_the_s3_and_cpu_variants():

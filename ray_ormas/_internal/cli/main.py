@@ -7,6 +7,8 @@
     ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage);
                                          a fit whose loop ended but whose end never ran is closed as
                                          FINISHED; --close-as KILLED closes one whose loop never ended
+    ray-ormas ptrace-py-spy DIR          a py-spy in DIR that may read this pod's processes (KubeRay's
+                                         `diagnose` component, k8s/components/diagnose: an init container)
 
 `train` starts a local Ray cluster when none is running, and joins the cluster under
 `ray job submit` (Ray sets RAY_ADDRESS for the job). RUN is a run's folder
@@ -96,6 +98,16 @@ def _parser() -> argparse.ArgumentParser:
         "a driver that was killed) with this status; a status the fit recorded is never changed, and a "
         "fit whose loop ended (its record's run_end) is closed as FINISHED without this option",
     )
+    s = sub.add_parser(
+        "ptrace-py-spy",
+        help="copy py-spy into DIR with the SYS_PTRACE file capability (the fleet's diagnose on KubeRay)",
+        description="Copy the py-spy this node runs into DIR/py-spy and give the copy the file "
+        "capability cap_sys_ptrace=ep, so that a non-root container with SYS_PTRACE allowed can read "
+        "its Ray workers' stacks (set RAY_ORMAS_PY_SPY=DIR/py-spy there). Run as root with the "
+        "SETFCAP capability, in an init container (k8s/components/diagnose). Exit 0: written; 2: it "
+        "could not be (the line says what to do).",
+    )
+    s.add_argument("dir", help="the folder to write py-spy into (an emptyDir the worker container mounts)")
     return p
 
 
@@ -121,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.error("ray-ormas demo failed: %s: %s", type(e).__name__, e)
             return 1
         return 0
+    if args.command == "ptrace-py-spy":
+        from ray_ormas._internal.cli.ptrace_py_spy import ptrace_py_spy
+
+        return ptrace_py_spy(args.dir)
     from ray_ormas._internal.record.reader import open_records
     from ray_ormas._internal.record.store import RecordStorageError
 

@@ -77,15 +77,21 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def _dump(pid: int) -> str:
-    """py-spy's `dump` of process `pid` (on this node); its error text when it fails."""
+def dump_command(pid: int) -> list[str] | None:
+    """The command line that dumps process `pid`'s stacks on this node (None: no py-spy here)."""
     spy = py_spy()
-    if spy is None:
+    return None if spy is None else [spy, "dump", "--pid", str(pid)]
+
+
+def dump_stacks(pid: int) -> str:
+    """py-spy's `dump` of process `pid` (on this node); its error text when it fails."""
+    command = dump_command(pid)
+    if command is None:
         return f"py-spy is not installed on this node (pip install py-spy, or set {PY_SPY_ENV})"
-    done = subprocess.run(
-        [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=STACK_TIMEOUT_S, check=False
-    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=STACK_TIMEOUT_S, check=False)
     if done.returncode != 0:
         return f"py-spy could not read process {pid}: {(done.stderr or done.stdout).strip()[-2000:]}"
     return done.stdout
+
+
+_dump = ray.remote(num_cpus=0, max_retries=0)(dump_stacks)  # on a rank's node (stacks_of_ranks)
