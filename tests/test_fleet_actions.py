@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -743,3 +744,56 @@ def test_a_restart_nobody_ordered_resumes_where_ray_would_and_a_gone_choice_is_s
     assert "is gone from storage" in written[-1]["reason"] and "resumes from Ray's latest" in written[-1]["reason"]
     acts.attempt_started(1, 20)
     assert (written[-1]["resumed_run_step"], written[-1]["resumed_from"]) == (20, str(kept[1]))
+
+
+def test_a_chosen_checkpoint_outlives_num_to_keep_until_the_restart_has_loaded_it(tmp_path):
+    # While a check is not clean, the checkpoint a restart after damage would resume from is
+    # copied into the record's storage (on the pin thread); Ray's num_to_keep then deletes the
+    # original as suspect checkpoints come; the reattempt resumes from the copy, says so, and the
+    # copy is gone when the fit ends. Without a restart after damage configured, nothing is copied.
+    from ray.train import Checkpoint
+
+    from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
+    from ray_ormas._internal.head.fleet_actions import FleetActions
+    from ray_ormas._internal.record.store import RecordStore
+
+    def checkpoint(step: int) -> Checkpoint:
+        folder = tmp_path / "run" / f"checkpoint_{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.pt").write_bytes(bytes([step]) * 1000)
+        (folder / "extra").mkdir()
+        (folder / "extra" / "state.json").write_text(f'{{"step": {step}}}')
+        return Checkpoint(str(folder))
+
+    store = RecordStore.at(str(tmp_path / "run" / "ormas"))
+    quiet = FleetActions(
+        FleetSettings(actions={"straggler": "reattempt"}), lines_into([]), pins=CheckpointPins(store, "quiet")
+    )
+    written: list[dict] = []
+    pins = CheckpointPins(store, "fit")
+    acts = FleetActions(FleetSettings(actions={"nonfinite": "reattempt"}), lines_into(written), pins=pins)
+    for fleet in (quiet, acts):
+        fleet.checked(0, 10, clean=True)
+    ten = checkpoint(10)
+    for fleet in (quiet, acts):
+        fleet.taken(10, 0, ten)
+        fleet.checked(0, 15, clean=False)  # a NaN at run step 15: checkpoint 10 is the one to keep
+    acts._pinning.submit(lambda: None).result(timeout=60)  # the pin thread has done what it was given
+    quiet._pinning.submit(lambda: None).result(timeout=60)
+    assert not (tmp_path / "run" / "ormas" / ".pinned" / "quiet").exists()
+    copy = tmp_path / "run" / "ormas" / ".pinned" / "fit" / "checkpoint_10"
+    assert (copy / "model.pt").read_bytes() == bytes([10]) * 1000
+    assert (copy / "extra" / "state.json").read_text() == '{"step": 10}'
+    for step in (20, 30):  # suspect ones come; num_to_keep=2 deletes checkpoint 10
+        acts.taken(step, 0, checkpoint(step))
+    shutil.rmtree(ten.path)
+    acts.on_alarms([alarm("nonfinite", run_step=30)])
+    assert written[-1]["checkpoint_run_step"] == 10
+    resumed = acts.resume_from()
+    assert resumed.path == str(copy) and (Path(resumed.path) / "model.pt").exists()
+    said = written[-1]["reason"]
+    assert f"{ten.path}, was deleted" in said and f"resumes from the copy kept at {copy}" in said
+    acts.attempt_started(1, 10)
+    assert (written[-1]["resumed_run_step"], written[-1]["resumed_from"]) == (10, str(copy))
+    acts.finished()
+    assert not copy.parent.exists()

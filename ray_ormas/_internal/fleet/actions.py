@@ -100,6 +100,15 @@ class CheckpointBook:
             if b.attempt == attempt and b.run_step > self._clean_through.get(attempt, -1):
                 b.suspect = True
 
+    def at_risk(self) -> Any:
+        """The checkpoint a restart after damage would resume from while a check of the latest
+        attempt is not clean (the latest registered one that is not suspect), else None: Ray
+        may delete it (`num_to_keep`) as the suspect ones come."""
+        if not self._books or self._books[-1].attempt not in self._dirty:
+            return None
+        good = [b for b in self._books if not b.suspect and b.checkpoint is not None]
+        return good[-1].checkpoint if good else None
+
     def last_good(self) -> tuple[int, Any] | None:
         """(run step, checkpoint) of the latest checkpoint that is not suspect."""
         good = [b for b in self._books if not b.suspect]

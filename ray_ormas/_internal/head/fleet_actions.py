@@ -46,6 +46,7 @@ Hooks relied on: `ray.kill` on a Ray Train worker actor (its handle from
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -58,6 +59,7 @@ from ray_ormas._internal.common.fleet_records import ActionLine, ActionOutcome, 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.actions import DAMAGE_KINDS, RESTARTS, ActionPlanner, CheckpointBook, fall_back
+from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
 from ray_ormas._internal.head.node_eviction import DRAIN_TIMEOUT_S, GroupShape, NodeEviction
 from ray_ormas._internal.head.rank_stacks import STACKS_BOUND_S, RankHandle, stacks_of_ranks
 
@@ -78,6 +80,7 @@ class FleetActions:
         write: Callable[[str, Sequence[FleetLine]], None],
         driver_node: str | None = None,
         shape: GroupShape | None = None,
+        pins: CheckpointPins | None = None,
     ) -> None:
         self._settings = settings
         self._planner = ActionPlanner(settings)
@@ -98,6 +101,14 @@ class FleetActions:
         self._in_flight: dict[int, ActionLine] = {}  # action id -> its line, while on the action thread
         self._closed = threading.Event()  # the fit ended: nothing more is carried out or written
         self._lock = threading.RLock()
+        # Copies of the checkpoint a restart after damage would resume from, made on a thread of
+        # their own while a check is not clean (head/checkpoint_pins.py): num_to_keep cannot take it.
+        restarts_after_damage = settings.policy is not None or any(
+            settings.action_for(kind)[-1] in RESTARTS for kind in DAMAGE_KINDS
+        )
+        self._pins = pins if restarts_after_damage else None
+        self._pinning = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-ormas-fleet-pin")
+        self._pins_asked: set[str] = set()
 
     # ------------------------------------------------------------------ what the head tells it
     def rank_joined(self, attempt: int, handle: RankHandle) -> None:
@@ -118,6 +129,32 @@ class FleetActions:
         after an attempt failed)."""
         return self._stop
 
+    def checked(self, attempt: int, run_step: int, clean: bool) -> None:
+        """A complete check (the book's `checked`), and a copy of the checkpoint at risk."""
+        with self._lock:
+            self.book.checked(attempt, run_step, clean)
+        self._keep_at_risk()
+
+    def taken(self, run_step: int, attempt: int, checkpoint: Any) -> None:
+        """Ray registered a checkpoint (the book's `taken`), and a copy of the checkpoint at risk."""
+        with self._lock:
+            self.book.taken(run_step, attempt, checkpoint)
+        self._keep_at_risk()
+
+    def _keep_at_risk(self) -> None:
+        """While a check is not clean, copy the checkpoint a restart after damage would resume
+        from, once (off the caller's thread: it copies files)."""
+        if self._pins is None:
+            return
+        with self._lock:
+            at_risk = self.book.at_risk()
+            path = _path(at_risk)
+            if path is None or path in self._pins_asked or self._closed.is_set():
+                return
+            self._pins_asked.add(path)
+        with contextlib.suppress(RuntimeError):  # the fit has ended (the pool is shut down)
+            self._pinning.submit(self._pins.pin, at_risk)
+
     def excluded_nodes(self) -> list[str]:
         """The nodes (hex ids) a run-scoped evict keeps this run's later worker groups off."""
         return self._eviction.excluded_nodes()
@@ -135,7 +172,15 @@ class FleetActions:
                 return None
             line = ordered[-1]
         gone = _gone(chosen)
-        if gone is not None:
+        kept = self._pins.kept(chosen) if gone is not None and self._pins is not None else None
+        if kept is not None:
+            reason = (
+                f"the checkpoint chosen to resume from, {chosen.path}, was deleted (RunConfig's "
+                f"CheckpointConfig(num_to_keep)): the restart resumes from the copy kept at {kept.path}"
+            )
+            self._write("actions", [ActionOutcome(line.id, reason=reason)])
+            chosen = kept
+        elif gone is not None:
             self._write("actions", [ActionOutcome(line.id, reason=gone)])
             chosen = None
         with self._lock:
@@ -173,6 +218,9 @@ class FleetActions:
         neither carries out the rest of its chain nor writes)."""
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pinning.shutdown(wait=False, cancel_futures=True)
+        if self._pins is not None:  # the restarts have loaded what they resume from
+            self._pins.release()
         with self._lock:
             left, self._waiting = self._waiting, []
             stuck, self._in_flight = list(self._in_flight.values()), {}

@@ -36,6 +36,7 @@ from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import CheckOutcome, FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.stall import StallWatch
+from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
 from ray_ormas._internal.head.fleet_actions import FleetActions
 from ray_ormas._internal.head.node_eviction import GroupShape
 from ray_ormas._internal.head.policy_runner import PolicyRunner
@@ -132,7 +133,13 @@ class FleetHead:
         self._lock = threading.RLock()
         self._concluding = threading.Lock()  # one check's policy and emit at a time
         self._stall = StallWatch(s.hang_after_s, spec.world)
-        self._actions = FleetActions(s, self._write_action, spec.driver_node, GroupShape.of(spec)) if s.acts else None
+        self._actions = (
+            FleetActions(
+                s, self._write_action, spec.driver_node, GroupShape.of(spec), CheckpointPins(spec.store, spec.fit_id)
+            )
+            if s.acts
+            else None
+        )
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
         self._alarms_seen: list[FleetAlarm] = []  # what the policy sees of the fit's alarms
         self._finished = threading.Event()
@@ -214,7 +221,7 @@ class FleetHead:
                 self._last_run_step = outcome.run_step
                 self._complete += 1
                 if self._actions is not None:
-                    self._actions.book.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
+                    self._actions.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
                 return CompleteCheck(outcome, now)
         except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
@@ -276,7 +283,7 @@ class FleetHead:
     def checkpoint_taken(self, run_step: int, attempt: int, checkpoint: Any) -> None:
         if self._actions is not None:
             with self._lock:
-                self._actions.book.taken(run_step, attempt, checkpoint)
+                self._actions.taken(run_step, attempt, checkpoint)
 
     def resume_from(self) -> Any:
         """The checkpoint a restart resumes from when it is not Ray's latest (else None)."""
