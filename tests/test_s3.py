@@ -345,3 +345,28 @@ def test_storage_is_brought_up_to_date_with_what_is_new(s3, tmp_path):
     assert upload.finish() == len(whole)
     assert sorted(s3_files(f"s3://{remote}")) == ["diary.jsonl", "segment.json"]
     assert store.read_bytes(f"{remote}/diary.jsonl") == whole
+
+
+def test_a_checkpoint_on_s3_is_kept_as_a_copy_in_the_record_and_deleted_at_the_fits_end(s3, tmp_path):
+    # The copy a restart after damage may need (head/checkpoint_pins.py), on the S3 API server:
+    # the checkpoint's folder (nested files included) copied under the record root, the copy a
+    # Checkpoint on the record's filesystem, and every copy gone when the fit ends.
+    from ray.train import Checkpoint
+
+    from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
+    from ray_ormas._internal.record.store import RecordStore
+
+    store = RecordStore.at(f"{s3.bucket()}/runs/pinned/ormas")
+    original = f"{store.root.rsplit('/', 1)[0]}/checkpoint_000003"
+    store.write_bytes(f"{original}/model.pt", b"weights" * 100)
+    store.write_bytes(f"{original}/extra/state.json", b'{"step": 30}')
+    checkpoint = Checkpoint(original, filesystem=store.filesystem)
+    pins = CheckpointPins(store, "fit-1")
+    pins.pin(checkpoint)
+    copy = pins.kept(checkpoint)
+    assert copy.path == f"{store.root}/.pinned/fit-1/checkpoint_000003"
+    assert store.read_bytes(f"{copy.path}/model.pt") == b"weights" * 100
+    assert store.read_bytes(f"{copy.path}/extra/state.json") == b'{"step": 30}'
+    pins.release()
+    assert store.read_bytes(f"{copy.path}/model.pt") is None and pins.kept(checkpoint) is None
+    assert store.read_bytes(f"{original}/model.pt") == b"weights" * 100  # the original is Ray's, untouched
