@@ -797,3 +797,22 @@ def test_a_chosen_checkpoint_outlives_num_to_keep_until_the_restart_has_loaded_i
     assert (written[-1]["resumed_run_step"], written[-1]["resumed_from"]) == (10, str(copy))
     acts.finished()
     assert not copy.parent.exists()
+
+
+def test_a_fleet_record_of_a_version_this_ray_ormas_does_not_read_is_said_not_misread(tmp_path):
+    from ray_ormas._internal.record.fleet_record import read_fleet
+    from ray_ormas._internal.record.store import RecordStore
+    from ray_ormas.errors import RecordStorageError
+
+    store = RecordStore.at(str(tmp_path / "ormas"))
+    folder = tmp_path / "ormas" / "fleet" / "fit"
+    folder.mkdir(parents=True)
+    line = ray_ormas.FleetAlarm("straggler", "slow", attempt=0, ranks=(1,), node="n1").to_line()
+    (folder / "alarms.jsonl").write_text(json.dumps(line) + "\n")
+    (folder / "fleet.json").write_text('{"format": "ray-ormas-fleet"}')  # before the version: 1
+    assert read_fleet(store, "fit")[2] == [line]
+    assert line == {"attempt": 0, "check": None, "step": None, "run_step": None, "kind": "straggler", "ranks": [1],
+                    "node": "n1", "message": "slow", "time": 0.0}  # fmt: skip
+    (folder / "fleet.json").write_text('{"format": "ray-ormas-fleet", "version": 2}')
+    with pytest.raises(RecordStorageError, match="has version 2, which this ray-ormas does not read"):
+        read_fleet(store, "fit")

@@ -37,6 +37,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ray_ormas._internal.common.fleet_records import FLEET_LINES_VERSION
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.layout import (
     FLEET_ACTIONS,
@@ -49,8 +50,10 @@ from ray_ormas._internal.record.layout import (
 )
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.record.uploads import IncrementalUpload
+from ray_ormas.errors import RecordStorageError
 
 UPLOAD_EVERY_S = 10.0
+READABLE_FLEET_VERSIONS = (FLEET_LINES_VERSION,)  # a record's `fleet.json` "version" (absent: 1)
 CHECK_FIELDS = (
     "rank",
     "node",
@@ -193,6 +196,13 @@ def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[di
         meta = json.loads(raw) if raw else {}
     except ValueError:
         meta = {}
+    version = meta.get("version", 1) if isinstance(meta, dict) else 1  # written without one: version 1
+    if version not in READABLE_FLEET_VERSIONS:
+        raise RecordStorageError(
+            f"the fleet record {store.shown(folder)} has version {version!r}, which this ray-ormas does not read "
+            f"(it reads version {', '.join(map(str, READABLE_FLEET_VERSIONS))}): a newer ray-ormas wrote it. "
+            "Install that ray-ormas (or a newer one) where you read it, then read it again"
+        )
     return (
         meta,
         store.read_lines(posixpath.join(folder, FLEET_CHECKS)),
