@@ -517,13 +517,18 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
 def accumulation_loop(config: dict[str, Any]) -> None:
     """DDP with gradient accumulation: `accumulation` micro-batches per optimizer step, the
     all-reduce skipped on all but the last (ray_ormas.no_sync), losses given with micro_step.
-    Every rank writes what it saw to `out_dir/rank<r>.json`."""
+    Every rank writes what it saw to `out_dir/rank<r>.json`, and a file per start of its loop
+    (`out_dir/start-rank<r>-<ns>`, with its node's id). With `hold_until` (a path), every rank
+    waits after optimizer step `hold_after` until that file exists (at most `hold_timeout_s`):
+    the fit trains on while something else happens on its nodes (tests/scenarios/bystander.py)."""
     import json
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    node = ray.get_runtime_context().get_node_id()
+    Path(config["out_dir"], f"start-rank{rank}-{time.time_ns()}").write_text(node)
     k = config["accumulation"]
     x, y, _, _ = load_digits(0)
     x, y = x[rank::world], y[rank::world]
@@ -557,7 +562,13 @@ def accumulation_loop(config: dict[str, Any]) -> None:
             opt.step()
             opt.zero_grad()
             seen["optimizer_steps"] += 1
+            if config.get("hold_until") and seen["optimizer_steps"] == config.get("hold_after", 3):
+                held = time.monotonic()
+                while not os.path.exists(config["hold_until"]) and time.monotonic() - held < config["hold_timeout_s"]:
+                    time.sleep(0.2)
+                seen.update(held_s=time.monotonic() - held, released=os.path.exists(config["hold_until"]))
     seen["monitor_steps"] = mon.steps
+    seen["node"] = node
     with open(os.path.join(config["out_dir"], f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
 

@@ -2,7 +2,8 @@
 node from its last checkpoint, and the record in storage is complete and linked. The scenarios
 run one after the other on one simulated multi-node cluster in a subprocess
 (tests/scenarios/node_loss.py): the fleet's `evict` action first (on nodes of its own,
-tests/scenarios/evict.py: a slow node named and evicted, a policy that evicts, the bound), then
+tests/scenarios/evict.py: a slow node named and evicted, a policy that evicts, the bound, and
+another job with a worker on the evicted node, tests/scenarios/bystander.py), then
 node loss with local storage, with S3, and without a replacement node. The session's Ray cluster
 is untouched; the subprocess runs beside the elastic scenario (tests/scenario_runs.py), and its
 process group is killed if it hangs."""
@@ -10,6 +11,7 @@ process group is killed if it hangs."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -188,3 +190,63 @@ def test_a_policy_evicts_on_its_own_rule_until_max_actions_then_only_logs(lost_n
     # ... and the run went on to its end: one segment per attempt, the last complete.
     segments = open_records(f"{storage}/evict").segments()
     assert [s.attempt for s in segments] == [0, 1, 2] and segments[-1].complete and segments[-1].loop_ended
+
+
+def the_other_job(outcome: dict) -> tuple[dict, list[dict], dict[int, list[str]]]:
+    """The other job beside the evicting fit (tests/scenarios/bystander.py): its outcome, what each
+    rank saw (rank order), and the nodes each rank's loop started on (one entry per start)."""
+    other = outcome["bystander"]
+    ranks_dir = Path(other["ranks_dir"])
+    seen = [json.loads((ranks_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    starts: dict[int, list[str]] = {}
+    for start in sorted(ranks_dir.glob("start-rank*")):
+        starts.setdefault(int(start.name.split("-rank")[1].split("-")[0]), []).append(start.read_text())
+    return other, seen, starts
+
+
+@pytest.mark.timeout(1000)
+def test_another_job_with_a_worker_on_the_evicted_node_trains_to_its_end_untouched(lost_nodes):
+    # The run-scoped evict kept node A out of the evicting fit's later worker groups and told
+    # nothing else: the other job, one rank on A (and one on B, which the policy evicts later),
+    # waited on A until the evicting fit's attempt 1 had started elsewhere, then trained to its
+    # end. Not restarted, not preempted: each rank's loop started once, one record segment, no
+    # worker error; Ray's GCS drained nothing.
+    outcome, storage, log = outcome_of(lost_nodes, "evict")
+    assert "error" not in outcome and outcome["finished"], log[-4000:]
+    other, seen, starts = the_other_job(outcome)
+    assert other["error"] is None, other
+    a = outcome["nodes"]["A"]
+    assert outcome["actions"][0]["evicted_ids"] == [a]
+    assert {r: len(s) for r, s in starts.items()} == {0: 1, 1: 1}, starts  # never restarted
+    assert a in {s["node"] for s in seen} and {s["node"] for s in seen} == {a, outcome["nodes"]["B"]}
+    assert all(s["released"] and s["held_s"] > 1 for s in seen), seen  # it trained on after the evict
+    assert other["worker_errors"] == [] and outcome["draining"] == []
+    segments = open_records(f"{storage}/bystander").segments()
+    assert len(segments) == 1 and segments[0].complete and segments[0].loop_ended
+
+
+@pytest.mark.timeout(1000)
+def test_gradient_accumulation_is_one_monitor_step_per_optimizer_step(lost_nodes):
+    # DDP with 4 micro-batches per optimizer step, on the other job beside the evicting fit (its
+    # subject is the same on any cluster; the fit is shared, as docs/contributing.md says).
+    outcome, _, log = outcome_of(lost_nodes, "evict")
+    other, seen, _ = the_other_job(outcome)
+    assert other["error"] is None, (other, log[-4000:])
+    for s in seen:
+        assert s["per_rank_batch"] == 8  # 64 / (2 ranks x 4 micro-batches)
+        assert s["optimizer_steps"] == s["monitor_steps"] == 6
+    # The micro-steps skipped the all-reduce (ranks differ), the last one did not (ranks agree).
+    assert seen[0]["grad_after_micro"] != seen[1]["grad_after_micro"]
+    assert seen[0]["grad_after_sync"] == seen[1]["grad_after_sync"]
+    # The recorded loss is rank 0's mean over the window of the optimizer step.
+    record = Path(other["record_dir"])
+    rows = [json.loads(line) for line in (record / "metrics.jsonl").read_text().splitlines()]
+    recorded = [r["loss"] for r in rows]
+    assert [r["step"] for r in rows] == [0, 2, 4]
+    for got, want in zip(recorded, [seen[0]["window_means"][i] for i in (0, 2, 4)]):
+        assert math.isclose(got, want, rel_tol=1e-6)
+    diary = [json.loads(line) for line in (record / "diary.jsonl").read_text().splitlines()]
+    assert diary[-1]["steps"] == 6
+    link = json.loads((record / "segment.json").read_text())
+    assert link["batch"] == {"size": 64, "per": "global", "accumulation": 4, "per_rank": 8, "effective": 64}
+    assert other["final"]["ormas/effective_batch"] == 64

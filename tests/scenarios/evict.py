@@ -15,6 +15,11 @@ loop's `slow_node`): a slow node, not a slow rank.
     attempt 2   on the two nodes left of B, C and D: the policy asks again, and `max_actions=2`
                 is reached: the alarm only logs ("bounded"), and the fit runs to its end.
 
+Beside it, another job (tests/scenarios/bystander.py, a driver process of its own) trains on
+A and B (a `bystander_slot` each, which the spares lack): placed before the evicting fit starts,
+it waits after its 3rd optimizer step until attempt 1 has started, then trains to its end. It is
+never restarted or preempted: the run-scoped evict touched nothing of it.
+
 Each rank writes its node's id when it starts (`node_log`), so the test knows which nodes each
 attempt ran on. At the end, node A is still alive, Ray's GCS drains no node, and a task pinned
 to A runs there: another run on it would have gone on. The outcome goes to the scenario's JSON
@@ -23,7 +28,10 @@ for tests/test_node_loss.py.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -39,16 +47,20 @@ from tests.loops import digits_loop
 from tests.scenarios import draining_nodes, node_of_task
 
 SLOT_NODE = {"num_cpus": 1, "resources": {"evict_slot": 1}}
+SHARED_NODE = {"num_cpus": 2, "resources": {"evict_slot": 1, "bystander_slot": 1}}  # A and B: the other job too
 STEPS = 75  # attempt 2 starts at run step 50: its check 3 is at 65
 DEADLINE_S = 300
+BYSTANDER_START_S = 120  # the other job's two ranks placed, before the evicting fit starts
+BYSTANDER_END_S = 180  # the other job's end, after the evicting fit's
 
 
 def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
     """The fit described above, on nodes it adds to `cluster` and removes at its end."""
     node_log = Path(storage) / "nodes"
     node_log.mkdir(parents=True, exist_ok=True)
-    nodes = {"A": cluster.add_node(**SLOT_NODE), "B": cluster.add_node(**SLOT_NODE)}
+    nodes = {"A": cluster.add_node(**SHARED_NODE), "B": cluster.add_node(**SHARED_NODE)}
     cluster.wait_for_nodes()
+    bystander, marker, bystander_out = start_the_other_job(cluster, storage)
     trainer = RayOrmasTrainer(
         digits_loop,
         check_every=5,
@@ -108,8 +120,11 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             break
         nodes[spare] = cluster.add_node(**SLOT_NODE)
         outcome["nodes"][spare] = nodes[spare].node_id
+    wait_for_starts(4)  # attempt 1 has started, on other nodes (or the fit has ended)
+    marker.write_text("the evicting fit's attempt 1 has started")  # the other job trains on
     thread.join(timeout=max(DEADLINE_S - (time.monotonic() - started), 1))
     outcome["finished"] = not thread.is_alive()
+    outcome["bystander"] = the_other_jobs_end(bystander, bystander_out)
     outcome["starts"] = {name: (node_log / name).read_text() for name in sorted(os.listdir(node_log))}
     outcome["alive"] = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
     outcome["draining"] = draining_nodes()
@@ -126,3 +141,35 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             except Exception:  # a drained node's raylet has already left the cluster
                 pass
     return outcome
+
+
+def start_the_other_job(cluster: Cluster, storage: str) -> tuple[subprocess.Popen, Path, Path]:
+    """tests/scenarios/bystander.py in a process of its own, once both of its ranks have started
+    (on A and B): the process, the marker that lets it train on, and where its outcome goes."""
+    marker, out = Path(storage) / "bystander-go", Path(storage) / "bystander.json"
+    ranks = Path(storage) / "bystander-ranks"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "tests.scenarios.bystander", cluster.address, storage, str(marker), str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(Path(storage) / "bystander.log", "w"),  # noqa: SIM115 (the process keeps it)
+    )
+    deadline = time.monotonic() + BYSTANDER_START_S
+    while time.monotonic() < deadline and job.poll() is None:
+        if ranks.is_dir() and len(list(ranks.glob("start-rank*"))) >= 2:
+            break
+        time.sleep(0.2)
+    return job, marker, out
+
+
+def the_other_jobs_end(job: subprocess.Popen, out: Path) -> dict[str, Any]:
+    """What the other job returned, once it ended (it is killed if it has not within the bound)."""
+    try:
+        job.wait(timeout=BYSTANDER_END_S)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait(timeout=30)
+        return {"error": f"the other job did not end within {BYSTANDER_END_S:g} s"}
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError) as e:
+        return {"error": f"the other job left no outcome ({type(e).__name__}: {e}), exit code {job.returncode}"}
