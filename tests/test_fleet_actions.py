@@ -148,6 +148,12 @@ def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restar
     stacks = action["stacks"]
     assert "block_forever_before_backward" in stacks["1"], stacks  # the test loop's blocking function
     assert action["seconds"] < 120
+    # `hang: ["diagnose", "evict"]` was asked; the hang names every rank (rank 0 waits in the
+    # all-reduce), so an evict would take every node of the group: none is kept out or drained,
+    # the group restarts, and the line says why.
+    assert hang["ranks"] == [0, 1] and action["requested"] == ["diagnose", "evict"], action
+    assert "the alarm names every rank (2 of 2)" in action["reason"] and "evicted_ids" not in action
+    assert acted.outcome["draining"] == []
 
 
 @pytest.mark.timeout(400)

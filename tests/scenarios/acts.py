@@ -11,9 +11,11 @@ reaches its step first (`once_dir`):
     attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
                 -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
                    after the replicas stopped agreeing)
-    attempt 1   rank 1 blocks forever before step 32's backward: `hang` after hang_after_s
-                -> diagnose (py-spy, on rank 1's node: the stuck rank's stack), then reattempt
-                   (its worker, on that node, is ended)
+    attempt 1   rank 1 blocks forever before step 32's backward: `hang` after hang_after_s, which
+                names both ranks (rank 0 waits in the all-reduce) -> `["diagnose", "evict"]` is
+                bounded: an evict would take every node of the group, so diagnose (py-spy, on
+                the ranks' nodes: the stuck rank's stack), then reattempt (its workers ended),
+                and the action's line says why; no node is kept out or drained
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
     attempt 3   the policy (`evict_rank_1_in_the_fourth_attempt`) asks at check 1 to evict rank
@@ -48,7 +50,7 @@ from tests.scenarios import alive, draining_nodes, forget
 
 HANG_AFTER_S = 4.0
 POLICY = "tests.loops:evict_rank_1_in_the_fourth_attempt"
-ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "reattempt"], "nonfinite": "stop"}
+ACTIONS = {"divergence": "reattempt", "hang": ["diagnose", "evict"], "nonfinite": "stop"}
 RUN_NAME = "acts"
 
 
