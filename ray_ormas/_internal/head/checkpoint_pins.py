@@ -10,8 +10,10 @@ until the fit ends, whatever `CheckpointConfig(num_to_keep)` deletes meanwhile.
 Copies go to `<record root>/.pinned/<fit id>/<checkpoint folder>`, on the record's filesystem,
 with `pyarrow.fs.copy_files` (a server-side copy on object storage where pyarrow makes one). A
 copy is made once per checkpoint; one that fails is logged, and the restart then falls back as
-before (Ray's latest, said on the action's line). A driver that dies leaves its copies: they
-are under the record root's `.pinned/`, safe to delete once no fit of the run is running.
+before (Ray's latest, said on the action's line). The fit's end waits for a copy under way at
+most PIN_WAIT_S (head/fleet_actions.py); one that takes longer deletes itself once done. A driver
+that dies leaves its copies: they are under the record root's `.pinned/`, safe to delete once no
+fit of the run is running.
 
 Hooks relied on: `pyarrow.fs.copy_files`, `FileSystem.delete_dir`, `ray.train.Checkpoint(path,
 filesystem)`.

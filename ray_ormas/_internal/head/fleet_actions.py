@@ -66,6 +66,7 @@ from ray_ormas._internal.head.rank_stacks import STACKS_BOUND_S, RankHandle, sta
 logger = get_logger("ray_ormas.fleet")
 ACTION_WAIT_S = STACKS_BOUND_S + DRAIN_TIMEOUT_S + 5  # the longest the fit's end waits for an action under way
 EVICT_SETTLE_S = DRAIN_TIMEOUT_S + 5  # the longest a check's conclusion waits for its evict's order
+PIN_WAIT_S = 60.0  # the longest the fit's end waits for a checkpoint copy under way (head/checkpoint_pins.py)
 
 __all__ = ["FleetActions", "GroupShape", "RankHandle"]
 
@@ -109,6 +110,7 @@ class FleetActions:
         self._pins = pins if restarts_after_damage else None
         self._pinning = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-ormas-fleet-pin")
         self._pins_asked: set[str] = set()
+        self._pins_under_way: list[Future[None]] = []
 
     # ------------------------------------------------------------------ what the head tells it
     def rank_joined(self, attempt: int, handle: RankHandle) -> None:
@@ -153,7 +155,7 @@ class FleetActions:
                 return
             self._pins_asked.add(path)
         with contextlib.suppress(RuntimeError):  # the fit has ended (the pool is shut down)
-            self._pinning.submit(self._pins.pin, at_risk)
+            self._pins_under_way.append(self._pinning.submit(self._pins.pin, at_risk))
 
     def excluded_nodes(self) -> list[str]:
         """The nodes (hex ids) a run-scoped evict keeps this run's later worker groups off."""
@@ -220,6 +222,7 @@ class FleetActions:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._pinning.shutdown(wait=False, cancel_futures=True)
         if self._pins is not None:  # the restarts have loaded what they resume from
+            wait(self._pins_under_way, timeout=PIN_WAIT_S)  # a copy cannot be cut: one still going deletes itself
             self._pins.release()
         with self._lock:
             left, self._waiting = self._waiting, []
