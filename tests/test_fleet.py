@@ -342,3 +342,27 @@ def test_the_grafana_dashboard_shows_the_exported_metrics():
     assert used == set(EXPORTED.values())
     assert all('run=~"$run"' in e for e in exprs)
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run"}
+
+
+def test_rays_metrics_carry_per_run_summaries_at_any_size_and_per_rank_series_only_up_to_metrics_ranks():
+    from ray_ormas._internal.head.fleet_metrics import QUANTILE, SCORE, SLOW, WORST, check_samples
+
+    def rows(n: int) -> list[dict]:
+        return [
+            {"rank": r, "node": f"n{r // 8}", "relative_score": 1.0 - r / (2 * n), "individual_score": 1.0,
+             "data_s": 0.01 * (r + 1), "forward_s": 0.02, "wall_s": 0.05, "loss": 1.0 + r, "slow": r >= n - 2}
+            for r in range(n)
+        ]  # fmt: skip
+
+    small = check_samples("run", rows(8), 4.5, per_rank_up_to=64)
+    assert {(m, t.get("rank"), t.get("score")) for m, _, t in small if m == SCORE} >= {(SCORE, "7", "relative")}
+    summary = {(m, t.get("value"), t.get("q")): v for m, v, t in small if m in (QUANTILE, SLOW, WORST)}
+    assert summary[(QUANTILE, "loss", "min")] == 1.0 and summary[(QUANTILE, "loss", "max")] == 8.0
+    assert summary[(QUANTILE, "data_s", "p50")] == pytest.approx(0.05)  # nearest rank of 8: the 5th
+    assert summary[(SLOW, None, None)] == 2.0 and summary[(WORST, None, None)] == 7.0  # the lowest score
+    # Above metrics_ranks: the same summaries, no series per rank; the number of series stays put.
+    for n in (65, 1000, 10_000):
+        big = check_samples("run", rows(n), 4.5, per_rank_up_to=64)
+        assert not [t for _, _, t in big if "rank" in t and t["rank"] != "mean"]
+        assert len(big) == len(small) - len([t for _, _, t in small if "rank" in t and t["rank"] != "mean"])
+        assert dict((m, v) for m, v, t in big if m == WORST) == {WORST: float(n - 1)}

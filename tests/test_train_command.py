@@ -158,6 +158,7 @@ NOT_DEFAULT = {
         "divergence": (False, False),
         "ray_metrics": (False, False),
         "mlflow_ranks": (8, 8),
+        "metrics_ranks": (16, 16),
         "nccl_hang_detector": ("observe", "observe"),
         "nccl_hang_confirm_s": (120, 120.0),
         "hang_after_s": (30, 30.0),

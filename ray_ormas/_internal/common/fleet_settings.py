@@ -51,9 +51,13 @@ class FleetSettings:
             step; 0 <= min_excess < 1.
         divergence: compare the DDP replicas' parameter digests at every check (under FSDP each
             rank holds other shards, so there is nothing to compare and this is skipped).
-        ray_metrics: export per-rank gauges and alarm counters through `ray.util.metrics`.
+        ray_metrics: export the fleet's gauges and alarm counters through `ray.util.metrics`.
         mlflow_ranks: log per-rank scores to MLflow for at most this many ranks (the fleet's
             minimum score and the alarms are logged at any size); an int >= 0.
+        metrics_ranks: Ray's metrics carry per-rank series (a rank and node label each) for at
+            most this many ranks (default 64); above it only the per-run summaries (quantiles of
+            each per-rank value, the count of slow ranks, the worst rank), which are exported at
+            every size: a bounded number of series per run, as Prometheus wants.
         nccl_hang_detector: Ray Train's NCCL hang detector: "off", "observe" (Ray logs a hang
             and captures stacks) or "fail" (Ray raises `NCCLHangError`, which lands in the fleet
             record and lets the failure policy restart the group). Needs NCCL (GPU workers).
@@ -112,6 +116,12 @@ class FleetSettings:
         default=True, description="per-rank gauges and alarm counters in Ray's metrics (Prometheus)"
     )
     mlflow_ranks: int = Field(default=64, ge=0, description="log per-rank scores to MLflow for at most this many ranks")
+    metrics_ranks: int = Field(
+        default=64,
+        ge=0,
+        description="per-rank series in Ray's metrics for at most this many ranks; above it, only the per-run "
+        "summaries (quantiles, slow ranks, the worst rank), which are always exported",
+    )
     nccl_hang_detector: HangDetector = Field(
         default="off",
         description="Ray Train's NCCL hang detector (GPU workers): "

@@ -117,7 +117,7 @@ class FleetHead:
             try:
                 from ray_ormas._internal.head.fleet_metrics import FleetGauges
 
-                self._gauges = FleetGauges(spec.run_name)
+                self._gauges = FleetGauges(spec.run_name, s.metrics_ranks)
             except Exception as e:  # Ray's metrics unavailable: the record and MLflow still get it all
                 logger.warning("fleet metrics are off: %s: %s", type(e).__name__, e)
         self._tracking = tracking

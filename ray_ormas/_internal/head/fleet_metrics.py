@@ -1,24 +1,37 @@
-"""Fleet health in Ray's own metrics: per-rank gauges and alarm counters through `ray.util.metrics`.
+"""Fleet health in Ray's own metrics: gauges and alarm counters through `ray.util.metrics`.
 
 Ray exports them from the process that sets them (the run ledger, on the head node) to the
 Prometheus endpoint of that node's metrics agent, with Ray's `ray_` prefix, where the
-Prometheus and Grafana that Ray and KubeRay users already run pick them up:
+Prometheus and Grafana that Ray and KubeRay users already run pick them up. Per run, at every
+size (a bounded number of series, whatever the number of ranks):
 
-    ray_ormas_fleet_straggler_score{run, rank, node, score="relative"|"individual"}
-    ray_ormas_fleet_rank_seconds{run, rank, node, phase="data"|"forward"|"wall"}
-    ray_ormas_fleet_loss{run, rank}            and {run, rank="mean"} for the fleet's mean
+    ray_ormas_fleet_quantile{run, value, q}    each per-rank value's quantiles at the last check:
+                                               value = relative_score, individual_score, data_s,
+                                               forward_s, wall_s, loss; q = min, p10, p50, p90, max
+    ray_ormas_fleet_slow_ranks{run}            how many ranks were slow at the last check
+    ray_ormas_fleet_worst_rank{run}            the rank with the lowest straggler score (its id)
+    ray_ormas_fleet_loss{run, rank="mean"}     the fleet's mean loss
     ray_ormas_fleet_alarms_total{run, kind}    a counter, one per alarm
     ray_ormas_fleet_actions_total{run, kind, action}   a counter, one per action an alarm asked for
                                                (`action` is what was carried out: "log" when bounded or failed)
 
-`k8s/grafana/ray-ormas-fleet.json` is a Grafana dashboard of them. A failure to export (Ray's
-metrics disabled, an exporter error) is logged once and never reaches training.
+and per rank, only while the fit has at most `FleetSettings.metrics_ranks` ranks (64 by
+default; one series per rank and node would overwhelm Prometheus on a large cluster, the reason
+Ray 2.53 stopped exporting its own per-worker label by default):
+
+    ray_ormas_fleet_straggler_score{run, rank, node, score="relative"|"individual"}
+    ray_ormas_fleet_rank_seconds{run, rank, node, phase="data"|"forward"|"wall"}
+    ray_ormas_fleet_loss{run, rank}
+
+`k8s/grafana/ray-ormas-fleet.json` is a Grafana dashboard of both forms. A failure to export
+(Ray's metrics disabled, an exporter error) is logged once and never reaches training.
 
 Hooks relied on: `ray.util.metrics.Gauge` / `Counter` (`set` / `inc` with tags).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ray_ormas._internal.common.logs import get_logger
@@ -28,35 +41,95 @@ logger = get_logger("ray_ormas.fleet")
 SCORE = "ormas_fleet_straggler_score"
 SECONDS = "ormas_fleet_rank_seconds"
 LOSS = "ormas_fleet_loss"
+QUANTILE = "ormas_fleet_quantile"
+SLOW = "ormas_fleet_slow_ranks"
+WORST = "ormas_fleet_worst_rank"
 ALARMS = "ormas_fleet_alarms"
 ACTIONS = "ormas_fleet_actions"
-EXPORTED = {SCORE: f"ray_{SCORE}", SECONDS: f"ray_{SECONDS}", LOSS: f"ray_{LOSS}", ALARMS: f"ray_{ALARMS}_total"}
+EXPORTED = {
+    SCORE: f"ray_{SCORE}",
+    SECONDS: f"ray_{SECONDS}",
+    LOSS: f"ray_{LOSS}",
+    QUANTILE: f"ray_{QUANTILE}",
+    SLOW: f"ray_{SLOW}",
+    WORST: f"ray_{WORST}",
+    ALARMS: f"ray_{ALARMS}_total",
+}
 ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an action
+SUMMARISED = ("relative_score", "individual_score", "data_s", "forward_s", "wall_s", "loss")
+QUANTILES = (("min", 0.0), ("p10", 0.1), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
+Sample = tuple[str, float, dict[str, str]]  # (metric, value, tags)
+
+
+def check_samples(run: str, ranks: list[dict[str, Any]], loss_mean: float | None, per_rank_up_to: int) -> list[Sample]:
+    """What one complete check sets: the per-run summaries, and the per-rank series when there are
+    at most `per_rank_up_to` ranks (`ranks`: the check's rows, as `checks.jsonl` has them)."""
+    samples: list[Sample] = []
+    for value in SUMMARISED:
+        found: list[float] = sorted(float(r[value]) for r in ranks if _number(r.get(value)))
+        for q, at in QUANTILES if found else ():
+            samples.append((QUANTILE, found[round(at * (len(found) - 1))], {"run": run, "value": value, "q": q}))
+    samples.append((SLOW, float(sum(1 for r in ranks if r.get("slow"))), {"run": run}))
+    scored = [r for r in ranks if _number(r.get("relative_score"))]
+    if scored:
+        worst = min(scored, key=lambda r: (r["relative_score"], r["rank"]))
+        samples.append((WORST, float(worst["rank"]), {"run": run}))
+    if loss_mean is not None:
+        samples.append((LOSS, loss_mean, {"run": run, "rank": "mean"}))
+    if len(ranks) > per_rank_up_to:
+        return samples
+    for r in ranks:
+        rank, node = str(r["rank"]), str(r.get("node"))
+        for key, score in (("relative_score", "relative"), ("individual_score", "individual")):
+            if r.get(key) is not None:
+                samples.append((SCORE, r[key], {"run": run, "rank": rank, "node": node, "score": score}))
+        for phase in ("data", "forward", "wall"):
+            if r.get(f"{phase}_s") is not None:
+                samples.append((SECONDS, r[f"{phase}_s"], {"run": run, "rank": rank, "node": node, "phase": phase}))
+        if isinstance(r.get("loss"), float):
+            samples.append((LOSS, r["loss"], {"run": run, "rank": rank}))
+    return samples
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class FleetGauges:
     """The fleet's gauges and counters of one run (tag `run` = the Ray run name)."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, per_rank_up_to: int = 64) -> None:
         from ray.util.metrics import Counter, Gauge
 
         self._run = run
+        self._per_rank_up_to = per_rank_up_to
         self._failed = False
-        self._score = Gauge(
-            SCORE,
-            description="ray-ormas straggler score per rank (1 = as fast as the others / as its own best)",
-            tag_keys=("run", "rank", "node", "score"),
-        )
-        self._seconds = Gauge(
-            SECONDS,
-            description="ray-ormas per-rank time at the last check, by phase",
-            tag_keys=("run", "rank", "node", "phase"),
-        )
-        self._loss = Gauge(
-            LOSS,
-            description="ray-ormas per-rank loss at the last check, and the fleet's mean",
-            tag_keys=("run", "rank"),
-        )
+        self._gauges = {
+            SCORE: Gauge(
+                SCORE,
+                description="ray-ormas straggler score per rank (1 = as fast as the others / as its own best)",
+                tag_keys=("run", "rank", "node", "score"),
+            ),
+            SECONDS: Gauge(
+                SECONDS,
+                description="ray-ormas per-rank time at the last check, by phase",
+                tag_keys=("run", "rank", "node", "phase"),
+            ),
+            LOSS: Gauge(
+                LOSS,
+                description="ray-ormas per-rank loss at the last check, and the fleet's mean",
+                tag_keys=("run", "rank"),
+            ),
+            QUANTILE: Gauge(
+                QUANTILE,
+                description="ray-ormas quantiles of a per-rank value at the last check (min, p10, p50, p90, max)",
+                tag_keys=("run", "value", "q"),
+            ),
+            SLOW: Gauge(SLOW, description="ray-ormas ranks slow at the last check", tag_keys=("run",)),
+            WORST: Gauge(
+                WORST, description="ray-ormas rank with the lowest straggler score at the last check", tag_keys=("run",)
+            ),
+        }
         self._alarms = Counter(ALARMS, description="ray-ormas fleet alarms, by kind", tag_keys=("run", "kind"))
         self._actions = Counter(
             ACTIONS, description="ray-ormas fleet actions, by alarm kind and action", tag_keys=("run", "kind", "action")
@@ -69,28 +142,20 @@ class FleetGauges:
                 if line.get("event") != "outcome" and line.get("alarm"):
                     self._actions.inc(1, tags={"run": self._run, "kind": line["alarm"], "action": line["action"]})
         except Exception as e:  # telemetry never breaks training
-            if not self._failed:
-                logger.warning("could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
-            self._failed = True
+            self._say(e)
 
     def update(self, ranks: list[dict[str, Any]], loss_mean: float | None, alarms: list[dict[str, Any]]) -> None:
+        """One complete check's rows (or none: alarms alone) and its alarms."""
         try:
-            for r in ranks:
-                rank, node = str(r["rank"]), str(r.get("node"))
-                for key, score in (("relative_score", "relative"), ("individual_score", "individual")):
-                    if r.get(key) is not None:
-                        self._score.set(r[key], tags={"run": self._run, "rank": rank, "node": node, "score": score})
-                for phase in ("data", "forward", "wall"):
-                    value = r.get(f"{phase}_s")
-                    if value is not None:
-                        self._seconds.set(value, tags={"run": self._run, "rank": rank, "node": node, "phase": phase})
-                if isinstance(r.get("loss"), float):
-                    self._loss.set(r["loss"], tags={"run": self._run, "rank": rank})
-            if loss_mean is not None:
-                self._loss.set(loss_mean, tags={"run": self._run, "rank": "mean"})
+            if ranks:
+                for metric, value, tags in check_samples(self._run, ranks, loss_mean, self._per_rank_up_to):
+                    self._gauges[metric].set(value, tags=tags)
             for a in alarms:
                 self._alarms.inc(1, tags={"run": self._run, "kind": a["kind"]})
         except Exception as e:  # telemetry never breaks training
-            if not self._failed:
-                logger.warning("could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
-            self._failed = True
+            self._say(e)
+
+    def _say(self, e: Exception) -> None:
+        if not self._failed:
+            logger.warning("could not export fleet metrics to Ray (%s: %s)", type(e).__name__, e)
+        self._failed = True
