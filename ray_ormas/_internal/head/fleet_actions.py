@@ -24,9 +24,12 @@
                  for every later attempt, in case Ray restarted the group before it was heard
     a new attempt starts -> the action's outcome line, with the seconds from the alarm, the run
                             step the group resumed at and the checkpoint it resumed from
+    a check not clean    -> the checkpoint a restart after damage would choose is copied into the
+                            record's storage (head/checkpoint_pins.py), when one can be ordered
     a rank restarts      -> `resume_from`: the checkpoint a `divergence` or `nonfinite` reattempt
-                            chose, when it is not Ray's latest and still in storage
-                            (worker/resume.py reads it); a restart nobody ordered: Ray's latest
+                            chose, when it is not Ray's latest: from storage, or its copy once
+                            `num_to_keep` deleted it (worker/resume.py reads it); a restart nobody
+                            ordered: Ray's latest
 
 Alarms that come together get one decision, the most severe (fleet/actions.py). An evict and a
 diagnose call out (Ray's GCS, py-spy on the nodes): they run on one action thread of their own,
@@ -67,8 +70,6 @@ logger = get_logger("ray_ormas.fleet")
 ACTION_WAIT_S = STACKS_BOUND_S + DRAIN_TIMEOUT_S + 5  # the longest the fit's end waits for an action under way
 EVICT_SETTLE_S = DRAIN_TIMEOUT_S + 5  # the longest a check's conclusion waits for its evict's order
 PIN_WAIT_S = 60.0  # the longest the fit's end waits for a checkpoint copy under way (head/checkpoint_pins.py)
-
-__all__ = ["FleetActions", "GroupShape", "RankHandle"]
 
 
 class FleetActions:
