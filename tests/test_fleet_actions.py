@@ -105,6 +105,12 @@ def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_ran
     assert [a["attempt"] for a in attempts] == [0, 1, 2, 3, 4]
     stop = next(a for a in acted.actions() if a["alarm"] == "nonfinite")
     assert (stop["action"], stop["outcome"], stop["ranks"]) == ("stop", "done", [1])
+    # At the same check the policy asked to restart the group (reading the rows' `nonfinite`):
+    # two alarms at one check, the most severe carried out, the other recorded as superseded.
+    superseded = next(a for a in acted.actions() if a["alarm"] == "policy" and a["attempt"] == 4)
+    assert (superseded["action"], superseded["outcome"], superseded["requested"]) == ("log", "superseded", ["reattempt"])
+    assert "the nonfinite alarm's stop at the same check comes first" in superseded["reason"]
+    assert superseded["run_step"] == 45
     # Every rank raised at the same check, so rank 0 closed the last segment: it verifies.
     records = ray_ormas.open_records(acted.run_dir)
     last = records.segments("model")[-1]
@@ -162,7 +168,7 @@ def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
     starts = list(acted.outcome["starts"].items())
     nodes = [{name.rsplit("-", 1)[1]: node for name, node in starts[i : i + 2]} for i in range(0, len(starts), 2)]
     assert len(nodes) == 5 and all(set(n) == {"rank0", "rank1"} for n in nodes), starts
-    [asked] = [a for a in acted.alarms() if a["kind"] == "policy"]
+    [asked, _] = [a for a in acted.alarms() if a["kind"] == "policy"]
     assert (asked["attempt"], asked["ranks"]) == (3, [1])
     evict = next(a for a in acted.actions() if a["alarm"] == "policy")
     assert (evict["action"], evict["outcome"], evict["evicted_ids"]) == ("evict", "done", [nodes[3]["rank1"]]), evict
@@ -332,7 +338,7 @@ def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys, tmp_path)
     assert "action: diagnose, then reattempt after the hang alarm" in out and "stacks of ranks" in out
     assert "action: stop after the nonfinite alarm on ranks 1 at run step 45: done" in out
     page = (acted.run_dir / "ormas" / "run.html").read_text()
-    assert page.count("<li class='action'") == 4 and "data-action='stop'" in page
+    assert page.count("<li class='action'") == 5 and "data-action='stop'" in page  # the superseded one too
 
 
 def test_a_policy_that_raises_or_answers_wrong_is_named_once_and_not_called_again(tmp_path):

@@ -21,8 +21,10 @@ reaches its step first (`once_dir`):
     attempt 3   the policy (`evict_rank_1_in_the_fourth_attempt`) asks at check 1 to evict rank
                 1's node: it is kept out of the run (not drained: Ray's GCS is not told), and
                 the group restarts on the node left and the spare
-    attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
-                Ray does not retry (max_failures would allow one more restart)
+    attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop, and at the same check the
+                policy asks to reattempt: the most severe, the stop, is carried out (the
+                policy's alarm is recorded as superseded): `FleetStopError`, which Ray does
+                not retry (max_failures would allow one more restart)
 
 The fit runs as the one trial of a Ray Tune sweep, as a fit in a sweep runs (the trainable
 builds the trainer with `TuneReportCallback` and calls `fit()`), so every action here is also
