@@ -108,7 +108,8 @@ def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_ran
     # At the same check the policy asked to restart the group (reading the rows' `nonfinite`):
     # two alarms at one check, the most severe carried out, the other recorded as superseded.
     superseded = next(a for a in acted.actions() if a["alarm"] == "policy" and a["attempt"] == 4)
-    assert (superseded["action"], superseded["outcome"], superseded["requested"]) == ("log", "superseded", ["reattempt"])
+    said = (superseded["action"], superseded["outcome"], superseded["requested"])
+    assert said == ("log", "superseded", ["reattempt"]), superseded
     assert "the nonfinite alarm's stop at the same check comes first" in superseded["reason"]
     assert superseded["run_step"] == 45
     # Every rank raised at the same check, so rank 0 closed the last segment: it verifies.
