@@ -215,14 +215,15 @@ def reattempt_the_grown_attempt_once(view: ray_ormas.FleetView) -> ray_ormas.Fle
 
 def evict_rank_1_in_the_fourth_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
     """A fleet policy of the tests' own for tests/scenarios/acts.py: at the fourth attempt's check
-    1, it asks to evict rank 1's node; in the fifth, at the check where a rank's loss is not
-    finite, it asks to restart the group, at the same check as the `nonfinite` alarm (whose
+    1, it asks to evict rank 1's node; in the fifth, at the first check where a rank's loss is
+    NaN, it asks once to restart the group, at the same check as the `nonfinite` alarm (whose
     action is `stop`: the most severe is carried out)."""
     if view.attempt == 3 and view.check == 1:
         return ray_ormas.FleetAction("evict", ranks=[1], reason="attempt 3 reached check 1")
-    nonfinite = [row.rank for row in view.ranks if row.nonfinite]
-    if view.attempt == 4 and nonfinite:
-        return ray_ormas.FleetAction("reattempt", ranks=nonfinite, reason="a loss that is not finite: start again")
+    nan = [row.rank for row in view.ranks if row.loss is not None and row.loss != row.loss]  # NaN's ranks
+    if view.attempt == 4 and nan and not view.memory.get("asked"):
+        view.memory["asked"] = True  # once
+        return ray_ormas.FleetAction("reattempt", ranks=nan, reason="a loss that is not finite: start again")
     return None
 
 
