@@ -23,8 +23,8 @@ How (tests/doc_commands.py takes the commands and snippets from the text; nothin
 * A command the text marks as needing what this machine lacks runs the closest thing that does
   (`closest_*` below): a Ray cluster is started here (`ray start --head`; on the
   token-authenticated one, the job's run is also checked as docs/job-submit.md's "What is
-  tested" says); a GPU script, or one
-  that needs the test extras, gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
+  tested" says); a GPU script, or one that needs the test extras, or a benchmark marked
+  "not in CI", gets `--help`; a training that needs GPUs or S3 gets `--dry-run`
   with the S3 location made local;
   a read from S3 reads the demo's run through a `file://` URI instead; `kubectl apply -k DIR`
   renders DIR with real kustomize and validates it; other kubectl commands have the objects they
@@ -647,7 +647,7 @@ def plan(command: DocCommand) -> str:
             return "dry_run"
         if re.match(r"ray-ormas (report|export) s3://", text):
             return "s3_read"
-        if ("GPU" in needs or "test extras" in needs) and program.startswith("python"):
+        if ("GPU" in needs or "test extras" in needs or "not in CI" in needs) and program.startswith("python"):
             return "help"
         if command.has_placeholder():
             return "help"
