@@ -73,10 +73,6 @@ class CheckpointPins:
             return
         logger.info("fleet: kept a copy of checkpoint %s at %s until the fit ends", source, self._store.shown(target))
 
-    def pinned(self, checkpoint: Any) -> bool:
-        with self._lock:
-            return str(checkpoint.path) in self._copies
-
     def kept(self, checkpoint: Any) -> Any:
         """The copy of `checkpoint`, or None."""
         with self._lock:
