@@ -829,3 +829,36 @@ def test_a_fleet_record_of_a_version_this_ray_ormas_does_not_read_is_said_not_mi
     (folder / "fleet.json").write_text('{"format": "ray-ormas-fleet", "version": 2}')
     with pytest.raises(RecordStorageError, match="has version 2, which this ray-ormas does not read"):
         read_fleet(store, "fit")
+
+
+def test_every_rank_of_an_attempt_resumes_from_the_same_checkpoint_whenever_it_asks(tmp_path):
+    # A restart after a NaN chose the clean checkpoint at run step 10, not Ray's latest (20). Rank 0
+    # asks, loads it and starts training, which ends the restart on the head; rank 1 asks only
+    # then. Both must get step 10: ranks that start from different checkpoints run different
+    # steps and wait on each other's collectives forever (seen once in the Tune trial). A later
+    # attempt asks afresh.
+    import asyncio
+
+    from ray.train import Checkpoint
+
+    from ray_ormas._internal.head.fleet_head import FleetSpec
+    from ray_ormas._internal.head.ledger import Ledger
+    from ray_ormas._internal.record.store import RecordStore
+
+    folders = [tmp_path / f"checkpoint_{step}" for step in (10, 20)]
+    for folder in folders:
+        folder.mkdir()
+    settings = FleetSettings(ray_metrics=False, actions={"nonfinite": "reattempt"})
+    ledger = Ledger(None, FleetSpec(settings, RecordStore.at(str(tmp_path / "ormas")), "fit", "run", 2, "ddp"))
+    acts = ledger._fleet._actions
+    acts.checked(0, 10, clean=True)
+    acts.taken(10, 0, Checkpoint(str(folders[0])))
+    acts.checked(0, 15, clean=False)
+    acts.taken(20, 0, Checkpoint(str(folders[1])))
+    acts.on_alarms([alarm("nonfinite", run_step=15)])
+    assert ledger.resume_from("attempt-1").path == str(folders[0])  # rank 0
+    acts.attempt_started(1, 10)  # rank 0 trains: the restart is done on the head
+    assert acts.resume_from() is None  # asked now without the attempt, the answer would be Ray's latest
+    assert ledger.resume_from("attempt-1").path == str(folders[0])  # rank 1: the same
+    assert ledger.resume_from("attempt-2") is None  # a later attempt, nobody ordered it: Ray's latest
+    asyncio.run(ledger.finish_fleet())

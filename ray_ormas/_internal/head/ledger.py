@@ -109,6 +109,7 @@ class Ledger:
         self._rank0_closed: dict[str, asyncio.Event] = {}
         self._attempts: list[str] = []
         self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
+        self._resume_answers: dict[str, Any] = {}  # attempt token -> the checkpoint its ranks resume from
         self._checks_done: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): every rank's facts in
 
     def alive(self) -> bool:
@@ -182,10 +183,19 @@ class Ledger:
         if self._fleet is not None and isinstance(run_step, int):
             self._fleet.checkpoint_taken(run_step, max(len(self._attempts) - 1, 0), checkpoint)
 
-    def resume_from(self) -> Any:
+    def resume_from(self, token: str | None = None) -> Any:
         """The checkpoint a restarted group resumes from when an action chose one that is not
-        Ray's latest (worker/resume.py); None: Ray's latest."""
-        return self._fleet.resume_from() if self._fleet is not None else None
+        Ray's latest (worker/resume.py); None: Ray's latest. Decided at the first question of the
+        attempt `token` and given to each of its ranks alike: an answer that changed between two
+        ranks' questions (rank 0 already training, Ray's latest moved on) would start them at
+        different steps."""
+        if self._fleet is None:
+            return None
+        if token is None:
+            return self._fleet.resume_from()
+        if token not in self._resume_answers:
+            self._resume_answers[token] = self._fleet.resume_from()
+        return self._resume_answers[token]
 
     def fleet_unreadable(self, token: str, rank: int, check: int, error: str) -> None:
         """A rank could not read its facts at a check (it says so once per attempt)."""

@@ -8,7 +8,10 @@ else `ray.train.get_checkpoint()`. `ray_ormas.load_checkpoint()` and the record'
 segments (worker/session.py) both read it, so the restored state and the run step agree.
 
 The session sets the ledger to ask with `use_ledger` at the start of each attempt (only when an
-alarm can act); the answer is read once per attempt, with one actor call.
+alarm can act), with the attempt's token; the answer is read once per rank and attempt, with one
+actor call, and the ledger gives every rank of an attempt the same answer (decided at the first
+rank's question): ranks that started from different checkpoints would run different steps and
+wait on each other's collectives forever.
 
 Hooks relied on: `ray.train.get_checkpoint`, the run ledger's `resume_from` (head/ledger.py).
 """
@@ -26,13 +29,14 @@ from ray_ormas.errors import FleetReattemptError, FleetStopError
 ASK_TIMEOUT_S = 60.0
 _UNSET = object()
 _ledger: Any = None
+_token: str | None = None
 _answer: Any = _UNSET
 
 
-def use_ledger(ledger: Any) -> None:
-    """This attempt asks `ledger` (None: Ray's latest checkpoint, always)."""
-    global _ledger, _answer
-    _ledger, _answer = ledger, _UNSET
+def use_ledger(ledger: Any, token: str | None = None) -> None:
+    """This attempt (`token`) asks `ledger` (None: Ray's latest checkpoint, always)."""
+    global _ledger, _token, _answer
+    _ledger, _token, _answer = ledger, token, _UNSET
 
 
 def start_checkpoint() -> ray.train.Checkpoint | None:
@@ -41,7 +45,7 @@ def start_checkpoint() -> ray.train.Checkpoint | None:
     global _answer
     if _ledger is not None and _answer is _UNSET:
         try:
-            _answer = ray.get(_ledger.resume_from.remote(), timeout=ASK_TIMEOUT_S)
+            _answer = ray.get(_ledger.resume_from.remote(_token), timeout=ASK_TIMEOUT_S)
         except Exception:  # no answer: Ray's latest, as without actions
             _answer = None
     chosen = None if _answer is _UNSET else _answer

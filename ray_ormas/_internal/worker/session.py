@@ -87,7 +87,7 @@ class WorkerSession:
         self.attempt = (
             ray.get(plan.ledger.begin_attempt.remote(self.token, self.world_size), timeout=60) if self.rank == 0 else 0
         )
-        use_ledger(plan.ledger if plan.fleet_acts else None)  # a restart may resume from the fleet's choice
+        use_ledger(plan.ledger if plan.fleet_acts else None, self.token)  # a restart may resume from the fleet's choice
         self._node: str | None = None
         self._resumed_from: dict[str, Any] | None = None
         self._resume_read = False
