@@ -50,8 +50,10 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     as Prometheus would, into that file, until every one of those strings is in it).
 
     Fleet actions: slow_node (the rank on that node, a hex node id, is the slow_rank: a slow
-    node rather than a slow rank), node_log (each rank writes its node's id to a file named
-    after the time it started, in that folder), resume (start from `ray_ormas.load_checkpoint`,
+    node rather than a slow rank), hold_at / hold_until / hold_timeout_s (every rank waits at
+    that step until that file exists, at most that long: a scenario changes the cluster
+    meanwhile), node_log (each rank writes its node's id to a file named after the time it
+    started, in that folder), resume (start from `ray_ormas.load_checkpoint`,
     at its step), ormas_checkpoint (the reports of report_at carry `ray_ormas.save_checkpoint`),
     once_dir (each of the faults nudge, hang, block and nan fires once per fit, whatever attempt
     reaches its step first: a marker file in that folder says it fired).
@@ -102,6 +104,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             raise NCCLHangError(f"rank {rank} stuck in all_reduce (injected)", {})
         if rank == config.get("slow_rank") and step >= config.get("slow_from", 0):
             time.sleep(config["slow_s"])  # a slow data loader on this rank only
+        if step == config.get("hold_at") and config.get("hold_until"):
+            hold_until(config["hold_until"], config.get("hold_timeout_s", 120.0))
         idx = torch.randint(0, len(x), (32,), generator=gen)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         if step >= config.get("explode_at", 1 << 30):
@@ -520,6 +524,15 @@ def fsdp_transformer_loop(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def hold_until(path: str, timeout_s: float) -> tuple[float, bool]:
+    """Wait until the file `path` exists, at most `timeout_s`: the seconds waited, and whether it
+    came (a scenario's marker: the loop trains on once something else has happened)."""
+    held = time.monotonic()
+    while not os.path.exists(path) and time.monotonic() - held < timeout_s:
+        time.sleep(0.2)
+    return time.monotonic() - held, os.path.exists(path)
+
+
 def accumulation_loop(config: dict[str, Any]) -> None:
     """DDP with gradient accumulation: `accumulation` micro-batches per optimizer step, the
     all-reduce skipped on all but the last (ray_ormas.no_sync), losses given with micro_step.
@@ -569,10 +582,8 @@ def accumulation_loop(config: dict[str, Any]) -> None:
             opt.zero_grad()
             seen["optimizer_steps"] += 1
             if config.get("hold_until") and seen["optimizer_steps"] == config.get("hold_after", 3):
-                held = time.monotonic()
-                while not os.path.exists(config["hold_until"]) and time.monotonic() - held < config["hold_timeout_s"]:
-                    time.sleep(0.2)
-                seen.update(held_s=time.monotonic() - held, released=os.path.exists(config["hold_until"]))
+                held_s, released = hold_until(config["hold_until"], config["hold_timeout_s"])
+                seen.update(held_s=held_s, released=released)
     seen["monitor_steps"] = mon.steps
     seen["node"] = node
     with open(os.path.join(config["out_dir"], f"rank{rank}.json"), "w") as f:

@@ -9,6 +9,8 @@ loop's `slow_node`): a slow node, not a slow rank.
                 checks -> `evict` (FleetSettings.actions): node A is kept out of the run (not
                 drained: Ray's GCS is not told) and the group restarts from Ray's latest
                 checkpoint. Nodes C and D are added once attempt 0 is placed: the spares.
+                Attempt 0's ranks wait at step 3 until they have joined (on a loaded
+                machine adding them took longer than the alarm: the evict found no room).
     attempt 1   on two of B, C and D, never A: no straggler alarm. The test's policy
                 (tests/loops.py `evict_rank_1_after_the_first_attempt`) evicts rank 1's node at
                 the attempt's check 3 (the spare left gives the group room).
@@ -61,6 +63,7 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
     nodes = {"A": cluster.add_node(**SHARED_NODE), "B": cluster.add_node(**SHARED_NODE)}
     cluster.wait_for_nodes()
     bystander, marker, bystander_out = start_the_other_job(cluster, storage)
+    spares_joined = Path(storage) / "spares-joined"
     trainer = RayOrmasTrainer(
         digits_loop,
         check_every=5,
@@ -74,6 +77,8 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             "slow_node": nodes["A"].node_id,
             "slow_from": 18,
             "slow_s": 0.05,
+            "hold_at": 3,  # before the first slow step, until the spares have joined
+            "hold_until": str(spares_joined),
             "node_log": str(node_log),
         },
         fleet=FleetSettings(
@@ -120,6 +125,8 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             break
         nodes[spare] = cluster.add_node(**SLOT_NODE)
         outcome["nodes"][spare] = nodes[spare].node_id
+    cluster.wait_for_nodes()
+    spares_joined.write_text("C and D")  # attempt 0 trains on; an evict now has room elsewhere
     wait_for_starts(4)  # attempt 1 has started, on other nodes (or the fit has ended)
     marker.write_text("the evicting fit's attempt 1 has started")  # the other job trains on
     thread.join(timeout=max(DEADLINE_S - (time.monotonic() - started), 1))
