@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 
 from .fit_count import FitCountPlugin
-from .s3_server import S3Server, free_port, s3_environment
+from .s3_server import S3Server, quiet_port, s3_environment
 from .shared_fits import (  # noqa: F401  (fixtures)
     busy_fit,
     failed_fit,
@@ -39,7 +39,7 @@ from .shared_fits import (  # noqa: F401  (fixtures)
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-S3 = S3Server(free_port())
+S3 = S3Server(quiet_port())  # the endpoint is in the environment from here on
 os.environ.update(s3_environment(S3.port))
 
 

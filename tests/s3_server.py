@@ -160,3 +160,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def quiet_port() -> int:
+    """A free port that nothing else will take before the server binds it, minutes later: below
+    Linux's ephemeral range (32768 and up: every outgoing connection's local port) and above the
+    ports Ray gives its workers (10002-19999). A port from `free_port()` was once taken by a Ray
+    worker's connection in between ("Address already in use")."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()

@@ -826,8 +826,8 @@ def test_a_fleet_record_of_a_version_this_ray_ormas_does_not_read_is_said_not_mi
     assert read_fleet(store, "fit")[2] == [line]
     assert line == {"attempt": 0, "check": None, "step": None, "run_step": None, "kind": "straggler", "ranks": [1],
                     "node": "n1", "message": "slow", "time": 0.0}  # fmt: skip
-    (folder / "fleet.json").write_text('{"format": "ray-ormas-fleet", "version": 2}')
-    with pytest.raises(RecordStorageError, match="has version 2, which this ray-ormas does not read"):
+    (folder / "fleet.json").write_text('{"format": "ray-ormas-fleet", "version": 3}')
+    with pytest.raises(RecordStorageError, match="has version 3, which this ray-ormas does not read"):
         read_fleet(store, "fit")
 
 

@@ -71,15 +71,19 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
 
 
 def test_a_large_fleets_picture_stays_bounded_and_keeps_every_alarmed_rank():
-    from ray_ormas._internal.driver.run_page import MAX_COLUMNS, MAX_RANKS, _busy_ms, _heatmap
+    import pyarrow as pa
 
-    checks = [
-        {"attempt": 0, "check": c, "rank": r, "data_s": 0.001, "forward_s": 0.002, "relative_score": 0.9}
-        for c in range(2000)
-        for r in range(200)
-    ]
+    from ray_ormas._internal.driver.run_page import MAX_COLUMNS, MAX_RANKS, _heatmap
+
+    checks = pa.Table.from_pylist(
+        [
+            {"attempt": 0, "check": c, "rank": r, "data_s": 0.001, "forward_s": 0.002, "relative_score": 0.9}
+            for c in range(2000)
+            for r in range(200)
+        ]
+    )  # the fleet record's `checks` table, as run.html reads it
     alarms = [{"attempt": 0, "check": 1500, "kind": "straggler", "ranks": [197], "message": "rank 197 is slow"}]
-    picture = _heatmap("busy", checks, alarms, _busy_ms, "busy")
+    picture = _heatmap("busy", checks, alarms, "busy")
     assert picture.count("class='fleet-rank'") == MAX_RANKS and "data-rank='197'" in picture
     assert picture.count("<rect ") == MAX_RANKS * MAX_COLUMNS  # 2000 checks, 10 a column
     assert f"({MAX_RANKS} of 200 ranks: those with alarms, then the lowest scores) (10 checks a column" in picture

@@ -159,6 +159,8 @@ NOT_DEFAULT = {
         "ray_metrics": (False, False),
         "mlflow_ranks": (8, 8),
         "metrics_ranks": (16, 16),
+        "record_ranks": (8, 8),
+        "record_rows_every": (25, 25),
         "nccl_hang_detector": ("observe", "observe"),
         "nccl_hang_confirm_s": (120, 120.0),
         "hang_after_s": (30, 30.0),

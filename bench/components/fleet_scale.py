@@ -5,7 +5,8 @@
 Feeds the head's fleet view (`FleetHead`: analysis, fleet record on local disk, MLflow entries)
 with facts shaped exactly like the ones ranks send (fleet_probe.py: timings, loss, digest, 64
 group digests), one rank slow in data loading, and prints per world size: the bytes the ranks send
-per check (pickled facts), the fleet record's bytes per check, and the head's median time per
+per check (pickled facts), the fleet record's bytes per check (the whole fit's fleet folder once
+the fit has ended, over the checks), and the head's median time per
 check, in total and per rank. Ray's metrics export is left out (it needs a Ray cluster; the
 real runs in bench/overhead.py --paired include it).
 """
@@ -18,6 +19,7 @@ import random
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.fleet.facts import RankFacts
@@ -58,8 +60,8 @@ def simulate(world: int, checks: int) -> dict[str, float]:
             for f in facts:
                 head.facts(0, f)
             per_check.append(time.perf_counter() - started)
-        written = head._record.bytes_written
         summary = head.finish()
+        written = sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())
     ms = statistics.median(per_check) * 1000
     return {
         "world": world,

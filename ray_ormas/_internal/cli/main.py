@@ -261,17 +261,23 @@ def _fleet_report(records) -> None:
         fleet_folder,
         fleet_summary,
         ranks_label,
-        read_fleet,
         read_fleet_actions,
+        read_fleet_alarms,
         read_fleet_attempts,
+        read_fleet_meta,
+        read_fleet_summaries,
+        read_fleet_table,
     )
+    from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE
 
     for fit_id in records.fleets():
-        meta, checks, alarms = read_fleet(records.store, fit_id)
+        meta = read_fleet_meta(records.store, fit_id)
+        checks = read_fleet_table(records.store, fit_id, CHECKS_TABLE, meta)
+        alarms = read_fleet_alarms(records.store, fit_id)
         attempts = read_fleet_attempts(records.store, fit_id)
-        summary = fleet_summary(
-            records.store.shown(fleet_folder(records.store, fit_id)), checks, alarms, None, attempts
-        )
+        shown = records.store.shown(fleet_folder(records.store, fit_id))
+        summaries = read_fleet_summaries(records.store, fit_id)
+        summary = fleet_summary(shown, checks, alarms, None, attempts, summaries=summaries)
         print(
             f"fleet of fit {fit_id}: {ranks_label(meta)}, {summary.checks} checks, "
             f"{len(alarms)} alarms  ({summary.record})"

@@ -10,9 +10,9 @@ user's policy and to the ranks, and what the fleet record's lines are made from.
 Every record is a frozen dataclass; a changed copy is `dataclasses.replace(record, ...)`.
 `to_line()` is the record as a line of the fleet record (record/fleet_record.py): the fields it
 always had, plus each optional field that is set, so that a line reads as the lines this
-ray-ormas wrote before the records were typed. `FLEET_LINES_VERSION` is the version of those
-lines, written in the fleet record's `fleet.json`; a change an older reader would misread takes a
-new version (as the tracking journal's, tracking/journal.py).
+ray-ormas wrote before the records were typed. The fleet record's format has a version
+(record/fleet_record.py `FLEET_RECORD_VERSION`, in its `fleet.json`); a change to these lines that
+an older reader would misread takes a new one (as the tracking journal's, tracking/journal.py).
 
 `RankRow` and `FleetAlarm` also answer `row["rank"]` and `row.get("slow")`, as the dicts a policy
 received before: a policy written then keeps working. New code reads attributes.
@@ -26,8 +26,6 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ray_ormas.errors import UsageError
-
-FLEET_LINES_VERSION = 1  # the version of the fleet record's lines this ray-ormas writes
 
 OrderAction = Literal["reattempt", "stop"]
 

@@ -58,6 +58,13 @@ class FleetSettings:
             most this many ranks (default 64); above it only the per-run summaries (quantiles of
             each per-rank value, the count of slow ranks, the worst rank), which are exported at
             every size: a bounded number of series per run, as Prometheus wants.
+        record_ranks: the fleet record keeps every rank's row at every check for at most this
+            many ranks (default 64). Above it, one summary row per check (quantiles, the slow,
+            worst, non-finite and diverged ranks) and every rank's row only at the checks that
+            matter: each attempt's first check, every `record_rows_every`-th check, and each
+            check with an alarm and the 2 checks before and after it.
+        record_rows_every: above `record_ranks`, every rank's row is kept at every this many
+            checks (default 50); an int >= 1.
         nccl_hang_detector: Ray Train's NCCL hang detector: "off", "observe" (Ray logs a hang
             and captures stacks) or "fail" (Ray raises `NCCLHangError`, which lands in the fleet
             record and lets the failure policy restart the group). Needs NCCL (GPU workers).
@@ -121,6 +128,16 @@ class FleetSettings:
         ge=0,
         description="per-rank series in Ray's metrics for at most this many ranks; above it, only the per-run "
         "summaries (quantiles, slow ranks, the worst rank), which are always exported",
+    )
+    record_ranks: int = Field(
+        default=64,
+        ge=0,
+        description="the fleet record keeps every rank's row at every check for at most this many ranks; above "
+        "it, a summary per check and every rank's row at the checks that matter (around alarms, every "
+        "record_rows_every checks)",
+    )
+    record_rows_every: int = Field(
+        default=50, ge=1, description="above record_ranks ranks, every rank's row is kept at every this many checks"
     )
     nccl_hang_detector: HangDetector = Field(
         default="off",

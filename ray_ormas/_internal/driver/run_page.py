@@ -32,14 +32,22 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.record.fleet_record import (
     action_text,
+    column,
     ranks_label,
-    read_fleet,
     read_fleet_actions,
+    read_fleet_alarms,
     read_fleet_attempts,
+    read_fleet_meta,
+    read_fleet_summaries,
+    read_fleet_table,
 )
+from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE
 from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
 from ray_ormas._internal.record.reader import RunRecords, Segment
 from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
@@ -83,7 +91,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
     events = [e for e in records.events().to_pylist() if e["event"] in MARKS]
     rows = records.metrics().to_pylist()
     journals = _journals(store)
-    fleets = [(fit_id, *read_fleet(store, fit_id)) for fit_id in records.fleets()]
+    fleets = [_fleet(store, fit_id) for fit_id in records.fleets()]
     end = max([f.run_step for f in facts.values()] + [1])
     name = title or next((s.link.get("run_name") for s in segments if s.link.get("run_name")), None) or "run"
     body = [
@@ -97,6 +105,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
             fleets,
             {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets},
             {fit_id: read_fleet_actions(store, fit_id) for fit_id, *_ in fleets},
+            {fit_id: len(read_fleet_summaries(store, fit_id)) for fit_id, *_ in fleets},
         ),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
@@ -349,10 +358,17 @@ def _badges(counts: Counter[str]) -> str:
 
 
 # ------------------------------------------------------------------ fleet health
+def _fleet(store: RecordStore, fit_id: str) -> tuple[str, dict[str, Any], pa.Table, list[dict[str, Any]]]:
+    """One fit's fleet record: (fit id, fleet.json, the `checks` table, the alarm lines)."""
+    meta = read_fleet_meta(store, fit_id)
+    return fit_id, meta, read_fleet_table(store, fit_id, CHECKS_TABLE, meta), read_fleet_alarms(store, fit_id)
+
+
 def _fleet_section(
-    fleets: list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]],
+    fleets: list[tuple[str, dict[str, Any], pa.Table, list[dict[str, Any]]]],
     fleet_attempts: dict[str, list[dict[str, Any]]],
     fleet_actions: dict[str, list[dict[str, Any]]],
+    fleet_checks: dict[str, int],
 ) -> str:
     if not fleets:
         return (
@@ -379,9 +395,9 @@ def _fleet_section(
         )
         out.append(
             f"<h3>fit {_e(fit_id)}: {_e(ranks_label(meta))}, "
-            f"{len({(c['attempt'], c['check']) for c in checks})} checks, {len(marks)} alarms</h3>"
-            + _heatmap("busy time (data + forward), ms", checks, marks, _busy_ms, "busy")
-            + _heatmap("straggler score (1 = as fast as the others)", checks, marks, _score, "score")
+            f"{fleet_checks.get(fit_id, 0)} checks, {len(marks)} alarms</h3>"
+            + _heatmap("busy time (data + forward), ms", checks, marks, "busy")
+            + _heatmap("straggler score (1 = as fast as the others)", checks, marks, "score")
             + (f"<ul class='resizes'>{resizes}</ul>" if resizes else "")
             + (f"<ul class='alarms'>{listed}</ul>" if listed else "<p class='note'>No alarm.</p>")
             + (f"<ul class='actions'>{acted}</ul>" if acted else "")
@@ -393,37 +409,42 @@ def _fleet_section(
     )
 
 
-def _score(c: dict[str, Any]) -> float | None:
-    return c.get("relative_score")
+def _cell_values(checks: pa.Table, kind: str) -> np.ndarray:
+    """Each row's value: busy time in ms (data + forward), or its straggler score; NaN when none."""
+    if kind == "score":
+        return column(checks, "relative_score")
+    data, forward = column(checks, "data_s"), column(checks, "forward_s")
+    busy = (np.nan_to_num(data) + np.nan_to_num(forward)) * 1000.0
+    return np.where(np.isnan(data) & np.isnan(forward), np.nan, busy)
 
 
-def _busy_ms(c: dict[str, Any]) -> float | None:
-    parts = [c.get("data_s"), c.get("forward_s")]
-    return None if all(p is None for p in parts) else 1000.0 * sum(p or 0.0 for p in parts)
-
-
-def _heatmap(title: str, checks: list[dict[str, Any]], alarms: list[dict[str, Any]], value: Any, kind: str) -> str:
-    """Ranks x checks, coloured by `value` (busy time or score). A long run's checks share columns
+def _heatmap(title: str, checks: pa.Table, alarms: list[dict[str, Any]], kind: str) -> str:
+    """Ranks x checks, coloured by busy time or score (`kind`). A long run's checks share columns
     (at most MAX_COLUMNS; a column shows its worst value) and a large fleet shows MAX_RANKS ranks:
-    those with alarms, then the lowest scores."""
-    columns = sorted({(c["attempt"], c["check"]) for c in checks})
+    those with alarms, then the lowest scores. Column arithmetic (numpy): a week of rows at 64
+    ranks is millions of them."""
+    attempts, numbers = column(checks, "attempt", 0).astype(np.int64), column(checks, "check", 0).astype(np.int64)
+    rank_of = column(checks, "rank", -1).astype(np.int64)
+    span = int(numbers.max()) + 1 if numbers.size else 1
+    keys, place = np.unique(attempts * span + numbers, return_inverse=True)
+    columns = [(int(k // span), int(k % span)) for k in keys]
     per = max(1, math.ceil(len(columns) / MAX_COLUMNS))
-    col = {key: i // per for i, key in enumerate(columns)}
+    col: dict[Any, int] = {key: i // per for i, key in enumerate(columns)}
     ranks = _shown_ranks(checks, alarms)
     row = {r: i for i, r in enumerate(ranks)}
     width = col[columns[-1]] + 1 if columns else 0
     cell, row_h, top = max(3.0, min(26.0, WIDTH / max(width, 1))), 20, 16
     # The colour scale leaves out each attempt's first check (warm-up: not scored) and tops out at the
     # 95th percentile, so one long check does not wash out the rest.
-    scored = (value(c) for c in checks if c["check"] > 0)
-    values = sorted(v for v in scored if isinstance(v, (int, float)) and math.isfinite(v))
-    lo, hi = (values[0], values[min(len(values) - 1, int(0.95 * len(values)))]) if values else (0.0, 1.0)
-    worst = max if kind == "busy" else min
-    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for c in checks:
-        v = value(c)
-        if int(c["rank"]) in row and isinstance(v, (int, float)) and math.isfinite(v):
-            cells[(int(c["rank"]), col[(c["attempt"], c["check"])])].append(v)
+    value = _cell_values(checks, kind)
+    values = np.sort(value[(numbers > 0) & np.isfinite(value)])
+    lo, hi = (
+        (float(values[0]), float(values[min(len(values) - 1, int(0.95 * len(values)))])) if values.size else (0.0, 1.0)
+    )
+    grid = np.full((len(ranks), max(width, 1)), -np.inf if kind == "busy" else np.inf)
+    shown = np.isin(rank_of, ranks) & np.isfinite(value)
+    lane = np.searchsorted(np.asarray(ranks, dtype=np.int64), rank_of[shown])
+    (np.maximum if kind == "busy" else np.minimum).at(grid, (lane, place[shown] // per), value[shown])
     parts = [
         f"<text class='lane' x='{LEFT - 8}' y='{top + row[r] * row_h + 14}' text-anchor='end'>rank {r}</text>"
         for r in ranks
@@ -435,8 +456,8 @@ def _heatmap(title: str, checks: list[dict[str, Any]], alarms: list[dict[str, An
             parts.append(f"<line class='sep' x1='{x:.1f}' x2='{x:.1f}' y1='2' y2='{top + row_h * len(ranks)}'/>")
     for r in ranks:
         for i in range(width):
-            got = cells.get((r, i))
-            v = worst(got) if got else None
+            got = float(grid[row[r], i])
+            v = got if math.isfinite(got) else None
             what = f"checks {i * per}-{i * per + per - 1}" if per > 1 else f"check column {i}"
             tip = f"rank {r}, {what}: {_num(v)}"
             parts.append(
@@ -453,26 +474,27 @@ def _heatmap(title: str, checks: list[dict[str, Any]], alarms: list[dict[str, An
                 f"r='{row_h / 2 - 1:.0f}' fill='none' stroke='#111' stroke-width='2.5'>"
                 f"<title>{_e(str(a.get('message')))}</title></circle>"
             )
-    every = len({int(c["rank"]) for c in checks})
+    every = len(np.unique(rank_of))
     note = f" ({len(ranks)} of {every} ranks: those with alarms, then the lowest scores)" if len(ranks) < every else ""
     note += f" ({per} checks a column, its worst value)" if per > 1 else ""
     rows = "".join(f"<span class='fleet-rank' data-rank='{r}'></span>" for r in ranks) if kind == "busy" else ""
-    height, span = top + row_h * len(ranks) + 4, LEFT + width * cell + 10
+    height, span_px = top + row_h * len(ranks) + 4, LEFT + width * cell + 10
     scale = f"<span class='scale'>{_num(lo)} <span class='ramp {kind}'></span> {_num(hi)}</span>"
     return (
         f"<figure class='heatmap' data-kind='{kind}'><figcaption>{_e(title + note)} {scale}</figcaption>{rows}"
-        f"<svg viewBox='0 0 {span:.0f} {height}' style='max-width:{span:.0f}px'>"
+        f"<svg viewBox='0 0 {span_px:.0f} {height}' style='max-width:{span_px:.0f}px'>"
         f"{''.join(parts)}</svg></figure>"
     )
 
 
-def _shown_ranks(checks: list[dict[str, Any]], alarms: list[dict[str, Any]]) -> list[int]:
+def _shown_ranks(checks: pa.Table, alarms: list[dict[str, Any]]) -> list[int]:
     """Every rank, or MAX_RANKS of them: the alarms' ranks first, then the lowest scores."""
-    lowest: dict[int, float] = {}
-    for c in checks:
-        score = c.get("relative_score")
-        rank = int(c["rank"])
-        lowest[rank] = min(lowest.get(rank, 1.0), score if isinstance(score, (int, float)) else 1.0)
+    rank_of = column(checks, "rank", -1).astype(np.int64)
+    score = np.nan_to_num(column(checks, "relative_score"), nan=1.0)
+    every = np.unique(rank_of)
+    lowest_of = np.ones(len(every))
+    np.minimum.at(lowest_of, np.searchsorted(every, rank_of), score)
+    lowest = {int(r): float(v) for r, v in zip(every, lowest_of)}
     if len(lowest) <= MAX_RANKS:
         return sorted(lowest)
     named = {r for a in alarms for r in a.get("ranks") or [] if r in lowest}

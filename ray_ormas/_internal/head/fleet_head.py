@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from ray_ormas._internal.common.fleet_records import FLEET_LINES_VERSION, FleetAlarm, FleetLine, Order, RankRow
+from ray_ormas._internal.common.fleet_records import FleetAlarm, FleetLine, Order, RankRow
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import CheckOutcome, FleetAnalyzer, hang_alarm, unreadable_alarm
@@ -41,16 +41,21 @@ from ray_ormas._internal.head.fleet_actions import FleetActions
 from ray_ormas._internal.head.node_eviction import GroupShape
 from ray_ormas._internal.head.policy_runner import PolicyRunner
 from ray_ormas._internal.head.rank_stacks import RankHandle
+from ray_ormas._internal.record.check_summaries import RowSampler, check_summary
 from ray_ormas._internal.record.fleet_record import (
+    FLEET_RECORD_VERSION,
     FleetRecordWriter,
     FleetSummary,
     fleet_summary,
     mlflow_entries,
     ranks_label,
-    read_fleet,
     read_fleet_actions,
+    read_fleet_alarms,
     read_fleet_attempts,
+    read_fleet_summaries,
+    read_fleet_table,
 )
+from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE
 from ray_ormas._internal.record.store import RecordStore
 
 logger = get_logger("ray_ormas.fleet")
@@ -103,7 +108,7 @@ class FleetHead:
             spec.fit_id,
             {
                 "format": "ray-ormas-fleet",
-                "version": FLEET_LINES_VERSION,
+                "version": FLEET_RECORD_VERSION,
                 "fit_id": spec.fit_id,
                 "run_name": spec.run_name,
                 "world_size": spec.world,
@@ -142,6 +147,7 @@ class FleetHead:
         )
         self._policy = PolicyRunner(s.policy) if s.policy is not None else None
         self._alarms_seen: list[FleetAlarm] = []  # what the policy sees of the fit's alarms
+        self._sampler = RowSampler(s.record_ranks, s.record_rows_every)  # which checks keep every rank's row
         self._finished = threading.Event()
         threading.Thread(target=self._watch_for_hangs, name="ray-ormas-hang-watch", daemon=True).start()
 
@@ -365,7 +371,9 @@ class FleetHead:
         evicting = []
         alarm_lines = [a.to_line() for a in alarms]
         with self._lock:
-            self._record.append("checks", lines)
+            summaries, rows = self._sampler.take(lines, check_summary(lines) if lines else {}, bool(alarms))
+            self._record.append("summaries", summaries)
+            self._record.append("checks", rows)
             self._record.append("alarms", alarm_lines, urgent=True)
             self._alarms_seen += alarms
             for a in alarms:
@@ -375,7 +383,8 @@ class FleetHead:
             if self._gauges is not None:
                 self._gauges.update(lines, loss_mean, alarm_lines)
             if self._tracking is not None:
-                self._tracking.fleet(mlflow_entries(lines, alarm_lines, self._spec.settings.mlflow_ranks))
+                entries = mlflow_entries(rows, alarm_lines, self._spec.settings.mlflow_ranks, summaries=summaries)
+                self._tracking.fleet(entries)
         if settle and self._actions is not None:
             self._actions.settle(evicting)
 
@@ -389,13 +398,21 @@ class FleetHead:
             self._stall.winding_down()
             if self._actions is not None:
                 self._actions.finished(stopped)
+            held = self._sampler.flush()  # the last checks' summaries, held back in case an alarm came
+            self._record.append("summaries", held)
+            if self._tracking is not None and held:
+                self._tracking.fleet(mlflow_entries([], [], self._spec.settings.mlflow_ranks, summaries=held))
             self._record.close()
         store = self._spec.store
-        _, checks, alarms = read_fleet(store, self._spec.fit_id)
+        checks = read_fleet_table(store, self._spec.fit_id, CHECKS_TABLE)
+        alarms = read_fleet_alarms(store, self._spec.fit_id)
         attempts = read_fleet_attempts(store, self._spec.fit_id)
         actions = read_fleet_actions(store, self._spec.fit_id)
+        summaries = read_fleet_summaries(store, self._spec.fit_id)
         per_check = self._head_s / self._complete * 1000 if self._complete else None
-        return fleet_summary(store.shown(self._record.path), checks, alarms, per_check, attempts, actions)
+        return fleet_summary(
+            store.shown(self._record.path), checks, alarms, per_check, attempts, actions, summaries=summaries
+        )
 
 
 def _say_action(line: dict[str, Any]) -> None:

@@ -31,10 +31,10 @@ Hooks relied on: `ray.util.metrics.Gauge` / `Counter` (`set` / `inc` with tags).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.record.check_summaries import SUMMARISED, number, quantiles
 
 logger = get_logger("ray_ormas.fleet")
 
@@ -56,8 +56,6 @@ EXPORTED = {
     ALARMS: f"ray_{ALARMS}_total",
 }
 ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an action
-SUMMARISED = ("relative_score", "individual_score", "data_s", "forward_s", "wall_s", "loss")
-QUANTILES = (("min", 0.0), ("p10", 0.1), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
 Sample = tuple[str, float, dict[str, str]]  # (metric, value, tags)
 
 
@@ -66,11 +64,10 @@ def check_samples(run: str, ranks: list[dict[str, Any]], loss_mean: float | None
     at most `per_rank_up_to` ranks (`ranks`: the check's rows, as `checks.jsonl` has them)."""
     samples: list[Sample] = []
     for value in SUMMARISED:
-        found: list[float] = sorted(float(r[value]) for r in ranks if _number(r.get(value)))
-        for q, at in QUANTILES if found else ():
-            samples.append((QUANTILE, found[round(at * (len(found) - 1))], {"run": run, "value": value, "q": q}))
+        for q, found in quantiles([float(r[value]) for r in ranks if number(r.get(value))]):
+            samples.append((QUANTILE, found, {"run": run, "value": value, "q": q}))
     samples.append((SLOW, float(sum(1 for r in ranks if r.get("slow"))), {"run": run}))
-    scored = [r for r in ranks if _number(r.get("relative_score"))]
+    scored = [r for r in ranks if number(r.get("relative_score"))]
     if scored:
         worst = min(scored, key=lambda r: (r["relative_score"], r["rank"]))
         samples.append((WORST, float(worst["rank"]), {"run": run}))
@@ -89,10 +86,6 @@ def check_samples(run: str, ranks: list[dict[str, Any]], loss_mean: float | None
         if isinstance(r.get("loss"), float):
             samples.append((LOSS, r["loss"], {"run": run, "rank": rank}))
     return samples
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class FleetGauges:

@@ -2,8 +2,10 @@
 
 Layout, under the record root (record/store.py), one folder per `fit()`:
 
-    ormas/fleet/<fit id>/fleet.json      world size, strategy, settings, run name
-    ormas/fleet/<fit id>/checks.jsonl    one line per rank per check: timings, loss, digest, scores
+    ormas/fleet/<fit id>/fleet.json      world size, strategy, settings, run name, the format's version
+    ormas/fleet/<fit id>/summaries/      Parquet parts: one row per check (record/check_summaries.py)
+    ormas/fleet/<fit id>/checks/         Parquet parts: every rank's row at the checks that keep them
+                                         (all of them up to `FleetSettings.record_ranks` ranks)
     ormas/fleet/<fit id>/alarms.jsonl    one line per alarm: straggler, divergence, nonfinite, nccl_hang, ...
     ormas/fleet/<fit id>/attempts.jsonl  one line per worker-group attempt: its world size and first run
                                          step; `"event": "resize"` when an elastic fit's size changed
@@ -11,15 +13,19 @@ Layout, under the record root (record/store.py), one folder per `fit()`:
                                          one more when its outcome is known (`"event": "outcome"`)
     ormas/fleet/<fit id>/stacks.jsonl    the Python stacks a `diagnose` action captured, one line per rank
 
-The files are append-only. On a local (or mounted) store the head appends to them in place and
-flushes every line; on object storage it appends to a copy on the head node and sends the new lines
-(record/uploads.py: soon after an alarm, else every `UPLOAD_EVERY_S`, and whole when the fit ends).
-A rerun is another fit with its own folder, so nothing a previous fit wrote is touched.
-`RunRecords.fleet_checks()` and `fleet_alarms()` (record/reader.py) read every fit's lines as Arrow
-tables; `fleet_summary` turns one fit's lines into the per-rank table of `result.ormas.fleet` and of
-`ray-ormas report`.
+The two tables grow by immutable Parquet parts (record/fleet_tables.py), written every
+PART_EVERY_S, soon after an alarm, once PART_MAX_ROWS rows wait, and when the fit ends, on a thread
+of their own. The JSON-lines files are append-only: on a local (or mounted) store the head
+appends to them in place and flushes every line; on object storage it appends to a copy on the
+head node and sends the new lines (record/uploads.py: soon after an alarm, else every
+`UPLOAD_EVERY_S`, and whole when the fit ends). A rerun is another fit with its own folder, so
+nothing a previous fit wrote is touched. Version 1 of the format (ray-ormas before the Parquet
+tables) kept every rank's row in `checks.jsonl`; it is still read, its summaries computed.
+`RunRecords.fleet_checks()`, `fleet_summaries()` and `fleet_alarms()` (record/reader.py) read every
+fit's as Arrow tables; `fleet_summary` turns one fit's into the per-rank table of
+`result.ormas.fleet` and of `ray-ormas report`.
 
-Hooks relied on: `RecordStore` (pyarrow.fs) only.
+Hooks relied on: `RecordStore` (pyarrow.fs), `pyarrow.parquet` (record/fleet_tables.py).
 """
 
 from __future__ import annotations
@@ -31,14 +37,18 @@ import shutil
 import statistics
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ray_ormas._internal.common.fleet_records import FLEET_LINES_VERSION
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.record.check_summaries import check_summary
+from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE, SUMMARIES_TABLE, PartsWriter, plain_schema, read_table
 from ray_ormas._internal.record.layout import (
     FLEET_ACTIONS,
     FLEET_ALARMS,
@@ -53,22 +63,11 @@ from ray_ormas._internal.record.uploads import IncrementalUpload
 from ray_ormas.errors import RecordStorageError
 
 UPLOAD_EVERY_S = 10.0
-READABLE_FLEET_VERSIONS = (FLEET_LINES_VERSION,)  # a record's `fleet.json` "version" (absent: 1)
-CHECK_FIELDS = (
-    "rank",
-    "node",
-    "data_s",
-    "forward_s",
-    "wall_s",
-    "timed_steps",
-    "loss",
-    "nonfinite",
-    "digest",
-    "relative_score",
-    "individual_score",
-    "slow",
-    "slow_in",
-)
+PART_EVERY_S = 30.0  # the check tables' rows go to a new Parquet part this often (and soon after an alarm)
+PART_MAX_ROWS = 5000  # ... or once a table has this many rows waiting: the head's memory stays flat
+FLEET_RECORD_VERSION = 2  # 2: `checks` and `summaries` as Parquet parts; 1: `checks.jsonl`
+READABLE_FLEET_VERSIONS = (1, 2)  # a record's `fleet.json` "version" (absent: 1)
+TABLES = (CHECKS_TABLE, SUMMARIES_TABLE)
 logger = get_logger("ray_ormas.fleet")
 
 
@@ -95,10 +94,14 @@ class FleetRecordWriter:
             (self._local / FLEET_META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         except OSError as e:
             self._fail(e)
-        self._files = {name: self._open(name) for name in ("checks", "alarms", "attempts", "actions", "stacks")}
+        self._files = {name: self._open(name) for name in ("alarms", "attempts", "actions", "stacks")}
+        self._tables = {name: PartsWriter(store, self.path, name) for name in TABLES}
+        self._parts_lock = threading.Lock()
+        self._last_part = time.monotonic()
         if not store.is_local:
             self._dirty.set()
-            threading.Thread(target=self._uploader, name="ray-ormas-fleet-upload", daemon=True).start()
+        self._thread = threading.Thread(target=self._uploader, name="ray-ormas-fleet-upload", daemon=True)
+        self._thread.start()
 
     def _open(self, name: str) -> Any:
         try:
@@ -108,6 +111,14 @@ class FleetRecordWriter:
             return None
 
     def append(self, name: str, lines: list[dict[str, Any]], urgent: bool = False) -> None:
+        """Lines for `name`: a JSON-lines file (written at once), or one of the Parquet tables
+        (`checks`, `summaries`: written as a part every PART_EVERY_S, soon after `urgent`)."""
+        table = self._tables.get(name)
+        if table is not None:
+            table.add(lines)
+            if urgent or table.pending >= PART_MAX_ROWS:
+                self._urgent.set()
+            return
         f = self._files.get(name)
         if f is None or not lines:
             return
@@ -124,8 +135,17 @@ class FleetRecordWriter:
             self._urgent.set()
 
     def close(self) -> None:
-        """The fit ended: close the files and upload them one last time (object storage)."""
+        """The fit ended: write the tables' last parts, close the files and upload them one last
+        time (object storage)."""
         self._closed = True
+        self._urgent.set()
+        self._thread.join(timeout=UPLOAD_EVERY_S)
+        if not self._write_parts():
+            logger.warning(
+                "the fleet record's last check rows (%s) could not be written to %s; the alarms and actions were",
+                ", ".join(f"{t.pending} {name}" for name, t in self._tables.items() if t.pending),
+                self._store.shown(self.path),
+            )
         for f in self._files.values():
             if f is not None:
                 f.close()
@@ -143,10 +163,27 @@ class FleetRecordWriter:
 
     def _uploader(self) -> None:
         while not self._closed:
-            self._urgent.wait(UPLOAD_EVERY_S)
+            urgent = self._urgent.wait(UPLOAD_EVERY_S)
             self._urgent.clear()
-            if self._dirty.is_set() and not self._closed:
+            if self._closed:
+                return
+            if urgent or time.monotonic() - self._last_part >= PART_EVERY_S:
+                self._write_parts()
+            if self._dirty.is_set() and not self._store.is_local:
                 self._upload()
+
+    def _write_parts(self) -> bool:
+        """A new part of each table that has rows (record/fleet_tables.py); False if storage refused
+        (the rows wait for the next try)."""
+        with self._parts_lock:
+            self._last_part = time.monotonic()
+            try:
+                for table in self._tables.values():
+                    table.flush()
+            except Exception as e:  # retried at the next alarm, interval or the end
+                self._fail(e)
+                return False
+            return True
 
     def _upload(self, final: bool = False) -> bool:
         """Send what is new (all of it, whole, when `final`); False if storage refused."""
@@ -188,26 +225,60 @@ def fleet_fits(store: RecordStore) -> list[str]:
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
 
-def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(fleet.json, check lines, alarm lines) of one fit; a line cut short by a crash is skipped."""
+def read_fleet_meta(store: RecordStore, fit_id: str) -> dict[str, Any]:
+    """One fit's `fleet.json` ({} when it cannot be read); raises `RecordStorageError` for a
+    version this ray-ormas does not read."""
     folder = fleet_folder(store, fit_id)
     raw = store.read_bytes(posixpath.join(folder, FLEET_META))
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:
         meta = {}
-    version = meta.get("version", 1) if isinstance(meta, dict) else 1  # written without one: version 1
+    meta = meta if isinstance(meta, dict) else {}
+    version = meta.get("version", 1)  # written without one: version 1
     if version not in READABLE_FLEET_VERSIONS:
         raise RecordStorageError(
             f"the fleet record {store.shown(folder)} has version {version!r}, which this ray-ormas does not read "
             f"(it reads version {', '.join(map(str, READABLE_FLEET_VERSIONS))}): a newer ray-ormas wrote it. "
             "Install that ray-ormas (or a newer one) where you read it, then read it again"
         )
-    return (
-        meta,
-        store.read_lines(posixpath.join(folder, FLEET_CHECKS)),
-        store.read_lines(posixpath.join(folder, FLEET_ALARMS)),
-    )
+    return meta
+
+
+def read_fleet_table(store: RecordStore, fit_id: str, table: str, meta: dict[str, Any] | None = None) -> pa.Table:
+    """One fit's `checks` (rank rows) or `summaries` (one row per check) as an Arrow table, from
+    the Parquet parts (version 2) or from `checks.jsonl` (version 1, its summaries computed)."""
+    meta = read_fleet_meta(store, fit_id) if meta is None else meta
+    folder = fleet_folder(store, fit_id)
+    if meta.get("version", 1) >= 2:
+        return read_table(store, folder, table)
+    lines = store.read_lines(posixpath.join(folder, FLEET_CHECKS))
+    plain = plain_schema(table)
+    if table == CHECKS_TABLE:
+        return pa.Table.from_pylist([{k: line.get(k) for k in plain.names} for line in lines], plain)
+    by_check: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for line in lines:
+        by_check.setdefault((line.get("attempt"), line.get("check")), []).append(line)
+    rows = [{**check_summary(group), "full_rows": True} for group in by_check.values()]
+    return pa.Table.from_pylist([{k: row.get(k) for k in plain.names} for row in rows], plain)
+
+
+def read_fleet(store: RecordStore, fit_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(fleet.json, check lines, alarm lines) of one fit; a line cut short by a crash is skipped.
+    The check lines are the rank rows the record kept (every check up to `record_ranks` ranks)."""
+    meta = read_fleet_meta(store, fit_id)
+    checks = read_fleet_table(store, fit_id, CHECKS_TABLE, meta).to_pylist()
+    return meta, checks, read_fleet_alarms(store, fit_id)
+
+
+def read_fleet_alarms(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
+    """One fit's alarm lines, oldest first."""
+    return store.read_lines(posixpath.join(fleet_folder(store, fit_id), FLEET_ALARMS))
+
+
+def read_fleet_summaries(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
+    """One fit's check summaries (record/check_summaries.py), oldest first."""
+    return read_fleet_table(store, fit_id, SUMMARIES_TABLE).to_pylist()
 
 
 def read_fleet_attempts(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
@@ -321,44 +392,36 @@ class FleetSummary:
 
 def fleet_summary(
     record: str,
-    checks: list[dict[str, Any]],
+    checks: pa.Table | list[dict[str, Any]],
     alarms: list[dict[str, Any]],
     head_ms_per_check: float | None = None,
     attempts: list[dict[str, Any]] | None = None,
     actions: list[dict[str, Any]] | None = None,
+    summaries: list[dict[str, Any]] | None = None,
 ) -> FleetSummary:
-    """The summary of one fit's check, alarm and attempt lines."""
-    per_rank: dict[int, list[dict[str, Any]]] = {}
-    for line in checks:
-        per_rank.setdefault(int(line["rank"]), []).append(line)
-    ranks = []
-    for rank in sorted(per_rank):
-        lines = per_rank[rank]
-        scores = [x["relative_score"] for x in lines if x.get("relative_score") is not None]
-        ranks.append(
-            {
-                "rank": rank,
-                "node": lines[-1].get("node"),
-                "checks": len(lines),
-                "data_ms": _median_ms(x.get("data_s") for x in lines),
-                "forward_ms": _median_ms(x.get("forward_s") for x in lines),
-                "score": scores[-1] if scores else None,
-                "lowest_score": min(scores) if scores else None,
-                "slow_checks": sum(bool(x.get("slow")) for x in lines),
-                "nonfinite_checks": sum(bool(x.get("nonfinite")) for x in lines),
-            }
-        )
-    last_key = (checks[-1].get("attempt"), checks[-1].get("check")) if checks else None
-    last = [x for x in checks if (x.get("attempt"), x.get("check")) == last_key]
-    losses = [x["loss"] for x in last if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
-    rank0 = next((x.get("loss") for x in last if x.get("rank") == 0), None)
-    n_checks = len({(x.get("attempt"), x.get("check")) for x in checks})
+    """The summary of one fit's check rows (the `checks` table, or its rows as dicts), alarm and
+    attempt lines; the number of checks and the last losses from its check `summaries` when
+    given (above `record_ranks` ranks the rows are kept at some checks only). Column arithmetic
+    (numpy): a week of rows at 64 ranks is millions of them."""
+    table = checks if isinstance(checks, pa.Table) else _rows_table(checks)
+    ranks = per_rank_table(table)
+    if summaries:
+        n_checks = len(summaries)
+        loss_mean, rank0 = summaries[-1].get("loss_mean"), summaries[-1].get("loss_rank0")
+    else:
+        rows = table.to_pylist()
+        last_key = (rows[-1].get("attempt"), rows[-1].get("check")) if rows else None
+        last = [x for x in rows if (x.get("attempt"), x.get("check")) == last_key]
+        losses = [x["loss"] for x in last if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
+        loss_mean = statistics.fmean(losses) if losses else None
+        rank0 = next((x.get("loss") for x in last if x.get("rank") == 0), None)
+        n_checks = len({(x.get("attempt"), x.get("check")) for x in rows})
     return FleetSummary(
         record=record,
         ranks=ranks,
         alarms=list(alarms),
         checks=n_checks,
-        loss_mean=statistics.fmean(losses) if losses else None,
+        loss_mean=loss_mean,
         loss_rank0=rank0,
         head_ms_per_check=head_ms_per_check,
         attempts=list(attempts or []),
@@ -366,9 +429,54 @@ def fleet_summary(
     )
 
 
-def _median_ms(values: Any) -> float | None:
-    got = [v for v in values if isinstance(v, (int, float))]
-    return statistics.median(got) * 1000 if got else None
+def _rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    schema = plain_schema(CHECKS_TABLE)
+    return pa.Table.from_pylist([{k: row.get(k) for k in schema.names} for row in rows], schema)
+
+
+def column(table: pa.Table, name: str, fill: float = math.nan) -> np.ndarray:
+    """A numeric column as a float64 numpy array, nulls as `fill`."""
+    return table.column(name).fill_null(fill).to_numpy().astype(np.float64)
+
+
+def per_rank_table(table: pa.Table) -> list[dict[str, Any]]:
+    """Per rank, in rank order: its node (at its last row), rows, median data and forward ms,
+    last and lowest straggler score, slow rows and rows with non-finite values."""
+    if table.num_rows == 0:
+        return []
+    ranks = table.column("rank").to_numpy()
+    order = np.argsort(ranks, kind="stable")  # rank order, each rank's rows in record order
+    starts = np.flatnonzero(np.r_[True, np.diff(ranks[order]) != 0])
+    ends = np.r_[starts[1:], len(order)]
+    data, forward, score = (column(table, n)[order] for n in ("data_s", "forward_s", "relative_score"))
+    slow, nonfinite = (_flags(table, n)[order] for n in ("slow", "nonfinite"))
+    nodes = table.column("node").take(pa.array(order[ends - 1])).to_pylist()  # each rank's last row's
+    out = []
+    for i, (a, b) in enumerate(zip(starts, ends)):
+        scored = score[a:b][~np.isnan(score[a:b])]
+        out.append(
+            {
+                "rank": int(ranks[order[a]]),
+                "node": nodes[i],
+                "checks": int(b - a),
+                "data_ms": _median_ms(data[a:b]),
+                "forward_ms": _median_ms(forward[a:b]),
+                "score": float(scored[-1]) if scored.size else None,
+                "lowest_score": float(scored.min()) if scored.size else None,
+                "slow_checks": int(slow[a:b].sum()),
+                "nonfinite_checks": int(nonfinite[a:b].sum()),
+            }
+        )
+    return out
+
+
+def _flags(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _median_ms(values: np.ndarray) -> float | None:
+    got = values[~np.isnan(values)]
+    return float(np.median(got)) * 1000 if got.size else None
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -381,26 +489,33 @@ def mlflow_entries(
     alarms: list[dict[str, Any]],
     mlflow_ranks: int,
     actions: list[dict[str, Any]] | None = None,
+    summaries: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, float, int]]:
-    """The MLflow metrics (name, value, run step) of fleet lines; the live writer and
+    """The MLflow metrics (name, value, run step) of fleet lines: the fleet's loss, rank 0's and
+    the lowest score of each check (from its `summaries`, else from the rows), each rank's
+    scores below `mlflow_ranks` where the record kept its row; the live writer and
     `ray-ormas mlflow-sync` both use this, so they agree on what the run should hold."""
     out: list[tuple[str, float, int]] = []
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for line in checks:
         groups.setdefault((line.get("attempt"), line.get("check")), []).append(line)
+    if summaries is None:
+        summaries = [{**check_summary(lines), "full_rows": True} for lines in groups.values()]
+    for s in summaries:
+        step = s.get("run_step")
+        if not isinstance(step, int):
+            continue
+        if s.get("loss_mean") is not None:
+            out.append(("fleet/loss_mean", s["loss_mean"], step))
+        if s.get("relative_score_min") is not None:
+            out.append(("fleet/min_score", float(s["relative_score_min"]), step))
+        if isinstance(s.get("loss_rank0"), float):
+            out.append(("fleet/loss_rank0", s["loss_rank0"], step))
     for lines in groups.values():
         step = lines[0].get("run_step")
         if not isinstance(step, int):
             continue
-        losses = [x["loss"] for x in lines if isinstance(x.get("loss"), float) and math.isfinite(x["loss"])]
-        if losses:
-            out.append(("fleet/loss_mean", statistics.fmean(losses), step))
-        scores = [x["relative_score"] for x in lines if isinstance(x.get("relative_score"), (int, float))]
-        if scores:
-            out.append(("fleet/min_score", float(min(scores)), step))
         for x in lines:
-            if x.get("rank") == 0 and isinstance(x.get("loss"), float):
-                out.append(("fleet/loss_rank0", x["loss"], step))
             if int(x.get("rank", 0)) < mlflow_ranks:
                 for key, name in (("relative_score", "score"), ("individual_score", "individual_score")):
                     if isinstance(x.get(key), (int, float)):

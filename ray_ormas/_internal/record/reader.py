@@ -4,7 +4,8 @@
     records.segments()                  # one Segment per monitor and attempt, oldest first, with its link
     records.events()                    # pyarrow.Table: one row per diary line
     records.metrics()                   # pyarrow.Table: one row per check
-    records.fleet_checks()              # pyarrow.Table: one row per rank per check (fleet health)
+    records.fleet_checks()              # pyarrow.Table: one row per rank per check kept (fleet health)
+    records.fleet_summaries()           # pyarrow.Table: one row per check: quantiles, outlier ranks
     records.fleet_alarms()              # pyarrow.Table: one row per fleet alarm
     records.fleet_attempts()            # pyarrow.Table: one row per attempt: world size, resize or not
     records.fleet_actions()             # pyarrow.Table: one row per action an alarm asked for
@@ -33,7 +34,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ray_ormas._internal.record.fleet_record import fleet_fits, read_fleet, read_fleet_actions, read_fleet_attempts
+from ray_ormas._internal.record.fleet_record import (
+    fleet_fits,
+    read_fleet,
+    read_fleet_actions,
+    read_fleet_attempts,
+    read_fleet_table,
+)
+from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE, SUMMARIES_TABLE, plain_schema
 from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import diary_tail, read_link
@@ -264,12 +272,25 @@ class RunRecords:
         return fleet_fits(self.store)
 
     def fleet_checks(self) -> pa.Table:
-        """Fleet health, every fit: one row per rank per check (timings, loss, digest, scores)."""
-        rows = []
+        """Fleet health, every fit: one row per rank per check (timings, loss, digest, scores).
+        Above `FleetSettings.record_ranks` ranks, only at the checks the record kept every rank's
+        row of (`fleet_summaries()` says which: `full_rows`)."""
+        return self._fleet_table(CHECKS_TABLE, FLEET_CHECKS_SCHEMA)
+
+    def fleet_summaries(self) -> pa.Table:
+        """Fleet health, every fit: one row per check, at any number of ranks: the fleet's and
+        rank 0's loss, the quantiles (min, p10, p50, p90, max) of each timing and score, the
+        slow, worst, non-finite and diverged ranks, and `full_rows` (whether `fleet_checks()`
+        has every rank's row of it)."""
+        return self._fleet_table(SUMMARIES_TABLE, pa.schema([("fit_id", pa.string()), *plain_schema(SUMMARIES_TABLE)]))
+
+    def _fleet_table(self, table: str, schema: pa.Schema) -> pa.Table:
+        tables = []
         for fit_id in self.fleets():
-            for line in read_fleet(self.store, fit_id)[1]:
-                rows.append({**{k: line.get(k) for k in FLEET_CHECKS_SCHEMA.names}, "fit_id": fit_id})
-        return pa.Table.from_pylist(rows, schema=FLEET_CHECKS_SCHEMA)
+            t = read_fleet_table(self.store, fit_id, table)
+            t = t.add_column(0, "fit_id", pa.array([fit_id] * t.num_rows, pa.string()))
+            tables.append(t.select(schema.names).cast(schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def fleet_attempts(self) -> pa.Table:
         """Fleet health, every fit: one row per worker-group attempt, with its world size and
@@ -315,8 +336,8 @@ class RunRecords:
     def write_parquet(self, out_dir: str | os.PathLike, monitor: str | None = None) -> dict[str, Path]:
         """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
         its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
-        folder), and `fleet_checks.parquet`, `fleet_alarms.parquet`, `fleet_attempts.parquet` and
-        `fleet_actions.parquet` when there is a fleet record."""
+        folder), and `fleet_checks.parquet`, `fleet_summaries.parquet`, `fleet_alarms.parquet`,
+        `fleet_attempts.parquet` and `fleet_actions.parquet` when there is a fleet record."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -335,11 +356,13 @@ class RunRecords:
         if self.fleets():
             paths.update(
                 fleet_checks=out / "fleet_checks.parquet",
+                fleet_summaries=out / "fleet_summaries.parquet",
                 fleet_alarms=out / "fleet_alarms.parquet",
                 fleet_attempts=out / "fleet_attempts.parquet",
                 fleet_actions=out / "fleet_actions.parquet",
             )
             pq.write_table(self.fleet_checks(), paths["fleet_checks"])
+            pq.write_table(self.fleet_summaries(), paths["fleet_summaries"])
             pq.write_table(self.fleet_alarms(), paths["fleet_alarms"])
             pq.write_table(self.fleet_attempts(), paths["fleet_attempts"])
             pq.write_table(self.fleet_actions(), paths["fleet_actions"])

@@ -189,18 +189,25 @@ def run_count_entries(store: RecordStore) -> list[Entry]:
 
 def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
     """Fleet health's scores, alarms and actions of one fit, from its fleet record (record/fleet_record.py)."""
-    from ray_ormas._internal.record.fleet_record import mlflow_entries, read_fleet, read_fleet_actions
+    from ray_ormas._internal.record.fleet_record import (
+        mlflow_entries,
+        read_fleet,
+        read_fleet_actions,
+        read_fleet_summaries,
+    )
 
     meta, checks, alarms = read_fleet(store, fit_id)
     if not meta:
         return []
-    if up_to_attempt is not None:
-        checks = [c for c in checks if (c.get("attempt") or 0) <= up_to_attempt]
-        alarms = [a for a in alarms if (a.get("attempt") or 0) <= up_to_attempt]
+    summaries = read_fleet_summaries(store, fit_id)
     actions = read_fleet_actions(store, fit_id)
     if up_to_attempt is not None:
-        actions = [a for a in actions if (a.get("attempt") or 0) <= up_to_attempt]
-    return mlflow_entries(checks, alarms, int((meta.get("settings") or {}).get("mlflow_ranks", 64)), actions)
+        checks, alarms, summaries, actions = (
+            [x for x in lines if (x.get("attempt") or 0) <= up_to_attempt]
+            for lines in (checks, alarms, summaries, actions)
+        )
+    mlflow_ranks = int((meta.get("settings") or {}).get("mlflow_ranks", 64))
+    return mlflow_entries(checks, alarms, mlflow_ranks, actions, summaries=summaries)
 
 
 # ------------------------------------------------------------------ comparing and sending

@@ -1,0 +1,135 @@
+"""The head's cost of fleet health with the messages included: a real Ray actor receiving them.
+
+    python bench/components/fleet_messages.py [--ranks 64 1000] [--nodes-of 8] [--checks 10]
+
+Starts a local Ray cluster, the real run ledger actor (head/ledger.py, with the fleet view and
+its Parquet record on local disk, Ray's metrics on), and one sender actor per simulated node
+(`--nodes-of` ranks each). At each check every sender sends its ranks' facts as the ranks do
+today (worker/fleet_probe.py: one `fleet_facts` call per rank, never awaited; facts shaped as
+bench/components/fleet_scale.py's). Once the head has completed the check, the next one starts.
+Prints per world size: messages per check, bytes per rank per check (pickled facts), and the head
+process's CPU time per check, in all (Ray's receiving threads, the event loop, the analysis, the
+record, Ray's metrics) and for the analysis and what follows it alone (`FleetHead`'s own
+count), from the ledger process's CPU times before and after the checks. The first two checks
+warm up and are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import tempfile
+import time
+from typing import Any
+
+import ray
+
+from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.head.fleet_head import FleetSpec
+from ray_ormas._internal.head.ledger import RunLedger
+from ray_ormas._internal.record.store import RecordStore
+
+WARM_CHECKS = 2
+TOKEN = "bench-attempt"
+
+
+def rank_facts(rank: int, check: int, rng: random.Random) -> RankFacts:
+    digest = f"{check:016x}"
+    return RankFacts(
+        rank=rank,
+        node=f"10.0.{rank // 8 // 256}.{rank // 8 % 256}",
+        check=check,
+        step=check * 50,
+        data_s=0.001 + rng.random() * 0.0005,
+        forward_s=0.020 + rng.random() * 0.002,
+        wall_s=0.1,
+        timed_steps=8,
+        forwards=8,
+        loss=2.0 + rng.random(),
+        digest=digest,
+        groups=(digest[:8],) * 64,
+    )
+
+
+@ray.remote(num_cpus=0)
+class Node:
+    """The ranks of one simulated node: each sends its facts as a rank does."""
+
+    def __init__(self, ledger: Any, ranks: list[int]) -> None:
+        self._ledger = ledger
+        self._ranks = ranks
+        self._rng = random.Random(ranks[0])
+
+    def send(self, check: int) -> int:
+        sent = 0
+        for rank in self._ranks:
+            facts = rank_facts(rank, check, self._rng)
+            sent += len(pickle.dumps(facts))
+            self._ledger.fleet_facts.remote(TOKEN, facts)
+        return sent
+
+
+def _cpu_and_count(ledger_self: Any) -> tuple[float, float, int]:
+    times = os.times()
+    fleet = ledger_self._fleet
+    return times.user + times.system, fleet._head_s, fleet._complete
+
+
+def measure(world: int, per_node: int, checks: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = FleetSpec(FleetSettings(), RecordStore.at(tmp), "bench", "bench", world, "ddp")
+        ledger = RunLedger.options(num_cpus=0).remote(None, spec)
+        ray.get(ledger.begin_attempt.remote(TOKEN, world))
+        ray.get(ledger.fleet_offset.remote(TOKEN, 0))
+        nodes = [Node.remote(ledger, list(range(a, min(a + per_node, world)))) for a in range(0, world, per_node)]
+        sent = []
+        start = None
+        for check in range(checks):
+            if check == WARM_CHECKS:
+                start = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
+            sent.append(sum(ray.get([n.send.remote(check) for n in nodes])))
+            while ray.get(ledger.__ray_call__.remote(_cpu_and_count))[2] < check + 1:
+                time.sleep(0.005)
+        end = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
+        ray.get(ledger.finish_fleet.remote())
+        ray.kill(ledger)
+        for n in nodes:
+            ray.kill(n)
+    assert start is not None
+    measured = checks - WARM_CHECKS
+    return {
+        "world": world,
+        "messages": world,
+        "bytes_per_rank": sum(sent) / len(sent) / world,
+        "head_ms": (end[0] - start[0]) / measured * 1000,
+        "analysis_ms": (end[1] - start[1]) / measured * 1000,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[64, 1000])
+    p.add_argument("--nodes-of", type=int, default=8, help="ranks per simulated node (default 8)")
+    p.add_argument("--checks", type=int, default=10, help="checks per world size, the first 2 warm-up (default 10)")
+    args = p.parse_args()
+    if args.checks <= WARM_CHECKS:
+        p.error(f"--checks must be more than the {WARM_CHECKS} warm-up checks")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        print(f"{'ranks':>6} {'messages/check':>14} {'bytes/rank/check':>16} {'head ms/check':>13} {'analysis ms':>11}")
+        for world in args.ranks:
+            r = measure(world, args.nodes_of, args.checks)
+            print(
+                f"{r['world']:>6} {r['messages']:>14} {r['bytes_per_rank']:>16.0f} {r['head_ms']:>13.2f} "
+                f"{r['analysis_ms']:>11.2f}",
+                flush=True,
+            )
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
