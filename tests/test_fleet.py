@@ -49,6 +49,11 @@ def test_healthy_digits_run_raises_no_fleet_alarm(healthy_fit):
         by_check.setdefault(row["check"], set()).add(row["digest"])
     assert all(len(d) == 1 for d in by_check.values())  # ... identically on both replicas
     assert fleet.loss_mean is not None and fleet.loss_rank0 is not None
+    # The facts came through the node's relay (both ranks on this one node: one message for two
+    # ranks), but for the first checks if the relay had not started yet: those the ranks sent themselves.
+    sent = fleet.messages
+    assert sent["relay_rows"] + sent.get("rank_calls", 0) == 2 * fleet.checks, sent
+    assert sent["relay_rows"] >= 2 and sent["relay_messages"] <= sent["relay_rows"] / 2 + 2, sent
 
 
 @pytest.mark.timeout(300)

@@ -1,13 +1,21 @@
 """The head's cost of fleet health with the messages included: a real Ray actor receiving them.
 
     python bench/components/fleet_messages.py [--ranks 64 1000] [--nodes-of 8] [--checks 10]
+                                              [--paths relays ranks]
 
 Starts a local Ray cluster, the real run ledger actor (head/ledger.py, with the fleet view and
-its Parquet record on local disk, Ray's metrics on), and one sender actor per simulated node
-(`--nodes-of` ranks each). At each check every sender sends its ranks' facts as the ranks do
-today (worker/fleet_probe.py: one `fleet_facts` call per rank, never awaited; facts shaped as
-bench/components/fleet_scale.py's). Once the head has completed the check, the next one starts.
-Prints per world size: messages per check, bytes per rank per check (pickled facts), and the head
+its Parquet record on local disk, Ray's metrics on), and one actor per simulated node
+(`--nodes-of` ranks each). At each check every node sends its ranks' facts, by one of two paths:
+
+- `relays` (what the ranks do): the node's actor runs the real relay (node/fleet_relay.py's
+  `NodeRelay`, in the actor's process as in a `FleetRelay` actor), which each rank hands its
+  facts; one `fleet_batch` call per node per check, 49-byte rows;
+- `ranks` (before the relays, and while a node's relay starts): one `fleet_facts` call per rank
+  with its whole facts.
+
+Facts are shaped as bench/components/fleet_scale.py's. Once the head has completed the check,
+the next one starts. Prints per path and world size: messages per check, bytes per rank per
+check (the pickled calls' arguments), and the head
 process's CPU time per check, in all (Ray's receiving threads, the event loop, the analysis, the
 record, Ray's metrics) and for the analysis and what follows it alone (`FleetHead`'s own
 count), from the ledger process's CPU times before and after the checks. The first two checks
@@ -17,6 +25,7 @@ warm up and are left out.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import pickle
 import random
@@ -28,8 +37,10 @@ import ray
 
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.wire import intro_of, pack
 from ray_ormas._internal.head.fleet_head import FleetSpec
 from ray_ormas._internal.head.ledger import RunLedger
+from ray_ormas._internal.node.fleet_relay import NodeRelay
 from ray_ormas._internal.record.store import RecordStore
 
 WARM_CHECKS = 2
@@ -56,20 +67,26 @@ def rank_facts(rank: int, check: int, rng: random.Random) -> RankFacts:
 
 @ray.remote(num_cpus=0)
 class Node:
-    """The ranks of one simulated node: each sends its facts as a rank does."""
+    """The ranks of one simulated node: each sends its facts as a rank does, through the node's
+    relay or straight to the ledger."""
 
     def __init__(self, ledger: Any, ranks: list[int]) -> None:
         self._ledger = ledger
         self._ranks = ranks
         self._rng = random.Random(ranks[0])
+        self._relay = NodeRelay(ledger)
+        self._answers: list[asyncio.Task[Any]] = []
 
-    def send(self, check: int) -> int:
-        sent = 0
-        for rank in self._ranks:
-            facts = rank_facts(rank, check, self._rng)
-            sent += len(pickle.dumps(facts))
-            self._ledger.fleet_facts.remote(TOKEN, facts)
-        return sent
+    async def send(self, check: int, path: str) -> int:
+        facts = [rank_facts(rank, check, self._rng) for rank in self._ranks]
+        if path == "ranks":
+            for f in facts:
+                self._ledger.fleet_facts.remote(TOKEN, f)
+            return sum(len(pickle.dumps((TOKEN, f))) for f in facts)
+        intros = {f.rank: intro_of(f) for f in facts} if check == 0 else {}
+        self._answers = [t for t in self._answers if not t.done()]
+        self._answers += [asyncio.create_task(self._relay.facts(TOKEN, len(facts), f)) for f in facts]
+        return len(pickle.dumps((TOKEN, [pack(f) for f in facts], intros)))
 
 
 def _cpu_and_count(ledger_self: Any) -> tuple[float, float, int]:
@@ -78,7 +95,7 @@ def _cpu_and_count(ledger_self: Any) -> tuple[float, float, int]:
     return times.user + times.system, fleet._head_s, fleet._complete
 
 
-def measure(world: int, per_node: int, checks: int) -> dict[str, float]:
+def measure(world: int, per_node: int, checks: int, path: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         spec = FleetSpec(FleetSettings(), RecordStore.at(tmp), "bench", "bench", world, "ddp")
         ledger = RunLedger.options(num_cpus=0).remote(None, spec)
@@ -90,7 +107,7 @@ def measure(world: int, per_node: int, checks: int) -> dict[str, float]:
         for check in range(checks):
             if check == WARM_CHECKS:
                 start = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
-            sent.append(sum(ray.get([n.send.remote(check) for n in nodes])))
+            sent.append(sum(ray.get([n.send.remote(check, path) for n in nodes])))
             while ray.get(ledger.__ray_call__.remote(_cpu_and_count))[2] < check + 1:
                 time.sleep(0.005)
         end = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
@@ -101,8 +118,9 @@ def measure(world: int, per_node: int, checks: int) -> dict[str, float]:
     assert start is not None
     measured = checks - WARM_CHECKS
     return {
+        "path": path,
         "world": world,
-        "messages": world,
+        "messages": world if path == "ranks" else len(nodes),
         "bytes_per_rank": sum(sent) / len(sent) / world,
         "head_ms": (end[0] - start[0]) / measured * 1000,
         "analysis_ms": (end[1] - start[1]) / measured * 1000,
@@ -114,17 +132,21 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[64, 1000])
     p.add_argument("--nodes-of", type=int, default=8, help="ranks per simulated node (default 8)")
     p.add_argument("--checks", type=int, default=10, help="checks per world size, the first 2 warm-up (default 10)")
+    p.add_argument("--paths", nargs="+", choices=["relays", "ranks"], default=["relays", "ranks"])
     args = p.parse_args()
     if args.checks <= WARM_CHECKS:
         p.error(f"--checks must be more than the {WARM_CHECKS} warm-up checks")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        print(f"{'ranks':>6} {'messages/check':>14} {'bytes/rank/check':>16} {'head ms/check':>13} {'analysis ms':>11}")
-        for world in args.ranks:
-            r = measure(world, args.nodes_of, args.checks)
+        print(
+            f"{'path':>6} {'ranks':>6} {'messages/check':>14} {'bytes/rank/check':>16} "
+            f"{'head ms/check':>13} {'analysis ms':>11}"
+        )
+        for path, world in ((path, world) for path in args.paths for world in args.ranks):
+            r = measure(world, args.nodes_of, args.checks, path)
             print(
-                f"{r['world']:>6} {r['messages']:>14} {r['bytes_per_rank']:>16.0f} {r['head_ms']:>13.2f} "
-                f"{r['analysis_ms']:>11.2f}",
+                f"{r['path']:>6} {r['world']:>6} {r['messages']:>14} {r['bytes_per_rank']:>16.0f} "
+                f"{r['head_ms']:>13.2f} {r['analysis_ms']:>11.2f}",
                 flush=True,
             )
     finally:

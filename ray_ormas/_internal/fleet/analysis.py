@@ -23,13 +23,20 @@ Per check, once every rank's facts are in (work and output linear in the number 
   every rank through the all-reduce), else the ranks with non-finite gradients, with the step and
   the layers. One alarm per episode and attempt, as for divergence.
 * **Loss**: the mean of the ranks' finite losses, beside rank 0's.
+
+When the facts come through the nodes' relays (`groups_on_request`), they carry no parameter-group
+digests. A complete check whose digests differ (a new divergence) is then *held*, and the checks
+of its attempt after it wait behind it (checks are evaluated in order): `wanted_groups` names the
+two ranks whose group digests locate it, `add_groups` takes them, and `release` gives up on them
+(the divergence is alarmed, not located). So the alarm keeps its check, beside the check's other
+alarms, and the most severe of them acts.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
@@ -73,6 +80,8 @@ class FleetAnalyzer:
     _group_names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     _diverged_in: int | None = None  # the attempt of the divergence episode under way (one alarm per attempt)
     _nonfinite_in: int | None = None  # the same for non-finite values
+    _held: dict[tuple[int, int], _Held] = field(default_factory=dict)  # complete checks waiting (in order)
+    groups_on_request: bool = False  # the facts come without group digests: ask for them at a divergence
     dropped_checks: int = 0
 
     def set_offset(self, attempt: int, offset: int) -> None:
@@ -97,7 +106,76 @@ class FleetAnalyzer:
                 self.dropped_checks += 1
             return None
         del self._pending[key]
-        return self._evaluate(attempt, key[1], [got[r] for r in sorted(got)])
+        complete = [got[r] for r in sorted(got)]
+        if self.groups_on_request and (
+            any(k[0] == attempt for k in self._held) or self._pair_to_locate(attempt, complete)
+        ):
+            self._held[key] = _Held(complete)  # after the held one(s) of its attempt, in order
+            return None
+        return self._evaluate(attempt, key[1], complete)
+
+    # ------------------------------------------------------------------ group digests on request
+    def wanted_groups(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        """(attempt, check, ranks) of each held check whose divergence waits for these ranks'
+        parameter-group digests (`groups_on_request`: the facts came without them)."""
+        wanted = []
+        for (attempt, check), held in self._held.items():
+            pair = self._pair_to_locate(attempt, held.facts) if self._first_held(attempt) == check else None
+            missing = tuple(r for r in pair or () if not held.by_rank[r].groups)
+            if missing:
+                wanted.append((attempt, check, missing))
+        return wanted
+
+    def add_groups(self, attempt: int, check: int, groups: dict[int, tuple[str, ...]]) -> list[CheckOutcome]:
+        """Parameter-group digests of ranks at a held check: the checks of `attempt` that can be
+        evaluated now, in order (the held one once the digests that locate it are in)."""
+        held = self._held.get((attempt, check))
+        if held is not None:
+            for rank, g in groups.items():
+                if rank in held.by_rank:
+                    held.by_rank[rank] = replace(held.by_rank[rank], groups=g)
+            held.facts = [held.by_rank[f.rank] for f in held.facts]
+        return self._release(attempt)
+
+    def release(self, attempt: int, check: int | None = None) -> list[CheckOutcome]:
+        """The held checks of `attempt` up to `check` (all when None) evaluated without the
+        digests that did not come (the divergence alarmed, not located), and those after them
+        that need none, in order."""
+        for key, held in self._held.items():
+            if key[0] == attempt and (check is None or key[1] <= check):
+                held.given_up = True
+        return self._release(attempt)
+
+    def held(self) -> list[tuple[int, int]]:
+        """(attempt, check) of every held check."""
+        return list(self._held)
+
+    def _release(self, attempt: int) -> list[CheckOutcome]:
+        out = []
+        while (check := self._first_held(attempt)) is not None:
+            held = self._held[(attempt, check)]
+            if not held.given_up and self._pair_to_locate(attempt, held.facts) is not None:
+                pair = self._pair_to_locate(attempt, held.facts) or ()
+                if not all(held.by_rank[r].groups for r in pair):
+                    break
+            del self._held[(attempt, check)]
+            out.append(self._evaluate(attempt, check, held.facts))
+        return out
+
+    def _first_held(self, attempt: int) -> int | None:
+        return min((c for a, c in self._held if a == attempt), default=None)
+
+    def _pair_to_locate(self, attempt: int, facts: list[RankFacts]) -> tuple[int, int] | None:
+        """The two ranks (one of the majority, one of the others) whose parameter-group digests
+        locate this check's divergence, when it raises a new alarm and one of them lacks them."""
+        if not self.compare_digests or self._diverged_in == attempt:
+            return None
+        split = _split(facts)
+        if split is None:
+            return None
+        pair = split[2]
+        by_rank = {f.rank: f for f in facts}
+        return pair if not (by_rank[pair[0]].groups and by_rank[pair[1]].groups) else None
 
     # ------------------------------------------------------------------ one complete check
     def _evaluate(self, attempt: int, check: int, facts: list[RankFacts]) -> CheckOutcome:
@@ -206,10 +284,8 @@ class FleetAnalyzer:
         return alarms
 
     def _divergence(self, attempt: int, facts: list[RankFacts], where: dict[str, Any]) -> list[FleetAlarm]:
-        groups: dict[str | None, list[int]] = {}
-        for f in facts:
-            groups.setdefault(f.digest, []).append(f.rank)
-        if len(groups) <= 1:
+        split = _split(facts)
+        if split is None:
             if self._diverged_in is not None:
                 self._diverged_in = None
                 return [FleetAlarm(**where, kind="divergence_resolved", message="the replicas' parameters agree again")]
@@ -217,13 +293,13 @@ class FleetAnalyzer:
         if self._diverged_in == attempt:
             return []
         self._diverged_in = attempt  # a new attempt that diverges again is alarmed again
-        # The majority's digest; on a tie, rank 0's.
-        majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
-        odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
+        _, odd, (majority, other) = split
         by_rank = {f.rank: f for f in facts}
-        layer = self._first_difference(attempt, by_rank[groups[majority][0]], by_rank[odd[0]])
+        a, b = by_rank[majority].groups, by_rank[other].groups
+        located = bool(a and b) or not self.groups_on_request
+        layer = self._first_difference(attempt, a, b) if located else None
         nodes = sorted({str(by_rank[r].node) for r in odd})
-        at = f", first in {layer}" if layer else ""
+        at = f", first in {layer}" if layer else ("" if located else " (not located: the group digests did not come)")
         return [
             FleetAlarm(
                 **where,
@@ -237,9 +313,9 @@ class FleetAnalyzer:
             )
         ]
 
-    def _first_difference(self, attempt: int, a: RankFacts, b: RankFacts) -> str | None:
+    def _first_difference(self, attempt: int, a: tuple[str, ...], b: tuple[str, ...]) -> str | None:
         names = self._group_names.get(attempt)
-        for i, (x, y) in enumerate(zip(a.groups, b.groups)):
+        for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
                 if names is None or i >= len(names):
                     return f"parameter group {i}"
@@ -275,6 +351,32 @@ class FleetAnalyzer:
                 message=f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}",
             )
         ]
+
+
+@dataclass
+class _Held:
+    """A complete check held back: its divergence waits for parameter-group digests, or a check
+    before it does (checks are evaluated in order)."""
+
+    facts: list[RankFacts]
+    by_rank: dict[int, RankFacts] = field(init=False)
+    given_up: bool = False  # evaluated without the digests that did not come
+
+    def __post_init__(self) -> None:
+        self.by_rank = {f.rank: f for f in self.facts}
+
+
+def _split(facts: list[RankFacts]) -> tuple[str | None, list[int], tuple[int, int]] | None:
+    """(the majority's digest, the other ranks, (a rank of the majority, the first other)) when
+    the digests differ; None when they agree. On a tie, rank 0's digest is the majority's."""
+    groups: dict[str | None, list[int]] = {}
+    for f in facts:
+        groups.setdefault(f.digest, []).append(f.rank)
+    if len(groups) <= 1:
+        return None
+    majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
+    odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
+    return majority, odd, (groups[majority][0], odd[0])
 
 
 def hang_alarm(attempt: int, error: str, ranks: list[int]) -> FleetAlarm:

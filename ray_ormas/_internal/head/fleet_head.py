@@ -25,6 +25,7 @@ Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules 
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -128,6 +129,7 @@ class FleetHead:
         self._tracking = tracking
         self._head_s = 0.0
         self._complete = 0
+        self._messages: collections.Counter[str] = collections.Counter()  # what reached the head: FleetSummary.messages
         self._last_run_step = 0
         self._hangs_seen = False
         self._unreadable: set[int] = set()  # attempts with a rank whose facts cannot be read
@@ -210,9 +212,42 @@ class FleetHead:
         bounded call): then the ledger concludes off its event loop."""
         return self._policy is not None or self._actions is not None
 
+    def count(self, what: str, n: int = 1) -> None:
+        """What reached the head (the ledger counts): `FleetSummary.messages`."""
+        self._messages[what] += n
+
+    def groups_on_request(self) -> None:
+        """The facts come through the nodes' relays, without parameter-group digests: a check
+        whose replicas diverge is held until the relays send the digests that locate it
+        (`wanted_groups`, `groups`), or until `release` gives up on them."""
+        self._analyzer.groups_on_request = True
+
+    def wanted_groups(self, attempt: int, check: int) -> tuple[int, ...]:
+        """The ranks whose parameter-group digests at `check` of `attempt` the head waits for."""
+        with self._lock:
+            return next((r for a, c, r in self._analyzer.wanted_groups() if (a, c) == (attempt, check)), ())
+
+    def held(self, attempt: int, check: int) -> bool:
+        """Whether `check` of `attempt` is complete but held (its divergence, or one before it,
+        waits for group digests)."""
+        with self._lock:
+            return (attempt, check) in self._analyzer.held()
+
+    def groups(self, attempt: int, check: int, groups: dict[int, tuple[str, ...]]) -> list[CompleteCheck]:
+        """Parameter-group digests a relay sent for a held check: the checks complete now, in order."""
+        with self._lock:
+            return [self._completed(o) for o in self._analyzer.add_groups(attempt, check, groups)]
+
+    def release(self, attempt: int, check: int | None = None) -> list[CompleteCheck]:
+        """The held checks of `attempt` up to `check` (all when None) complete without the group
+        digests that did not come: the divergence is alarmed, not located."""
+        with self._lock:
+            return [self._completed(o) for o in self._analyzer.release(attempt, check)]
+
     def analyse(self, attempt: int, facts: RankFacts) -> CompleteCheck | None:
-        """One rank's facts at one check: the check, once every rank's facts are in (else None).
-        Pure analysis, quick: the ledger calls it on its event loop."""
+        """One rank's facts at one check: the check, once every rank's facts are in (else None;
+        also while it is held, see `groups_on_request`). Pure analysis, quick: the ledger calls
+        it on its event loop."""
         started = time.thread_time()  # CPU time: what the head spends, not how busy the node is
         try:
             with self._lock:
@@ -220,20 +255,22 @@ class FleetHead:
                 if facts.node is not None:  # a hang alarm names the stuck ranks' nodes
                     self._nodes[(attempt, facts.rank)] = facts.node
                 outcome = self._analyzer.add(attempt, facts)
-                if outcome is None:
-                    return None
-                now = round(time.time(), 3)
-                outcome.alarms = [replace(a, time=now) for a in outcome.alarms]
-                self._last_run_step = outcome.run_step
-                self._complete += 1
-                if self._actions is not None:
-                    self._actions.checked(attempt, outcome.run_step, self._clean(outcome.ranks))
-                return CompleteCheck(outcome, now)
+                return None if outcome is None else self._completed(outcome)
         except Exception as e:  # a malformed fact must not take the ledger down
             logger.warning("fleet: could not use rank facts (%s: %s)", type(e).__name__, e)
             return CompleteCheck(None, time.time())
         finally:
             self._head_s += time.thread_time() - started
+
+    def _completed(self, outcome: CheckOutcome) -> CompleteCheck:
+        """A check's outcome, stamped and counted (under the lock)."""
+        now = round(time.time(), 3)
+        outcome.alarms = [replace(a, time=now) for a in outcome.alarms]
+        self._last_run_step = outcome.run_step
+        self._complete += 1
+        if self._actions is not None:
+            self._actions.checked(outcome.attempt, outcome.run_step, self._clean(outcome.ranks))
+        return CompleteCheck(outcome, now)
 
     def conclude(self, check: CompleteCheck) -> None:
         """A complete check: the user's policy (within its time limit, head/policy_runner.py),
@@ -392,6 +429,9 @@ class FleetHead:
         """The fit ended (`stopped`: with a `stop` action's `FleetStopError`): close the record,
         read it back, summarize."""
         self._finished.set()
+        for attempt in sorted({a for a, _ in self._analyzer.held()}):  # group digests that never came
+            for check in self.release(attempt):
+                self.conclude(check)
         if self._actions is not None:
             self._actions.wait_for_actions()
         with self._lock:  # the hang watch's last poll has emitted what it had
@@ -411,7 +451,14 @@ class FleetHead:
         summaries = read_fleet_summaries(store, self._spec.fit_id)
         per_check = self._head_s / self._complete * 1000 if self._complete else None
         return fleet_summary(
-            store.shown(self._record.path), checks, alarms, per_check, attempts, actions, summaries=summaries
+            store.shown(self._record.path),
+            checks,
+            alarms,
+            per_check,
+            attempts,
+            actions,
+            summaries=summaries,
+            messages=dict(self._messages),
         )
 
 

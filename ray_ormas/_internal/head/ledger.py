@@ -52,11 +52,14 @@ import ray
 from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.wire import ROW, Intro, unpack
+from ray_ormas._internal.node.fleet_relay import start_relay
 
+KEEP_COMPLETED = 64  # the complete checks a late waiter can still find
 ORDER_WAIT_S = 5.0  # the longest a rank's facts wait for the other ranks' before the answer goes back
 
 if TYPE_CHECKING:  # built inside the actor, on the head node, only when asked for
-    from ray_ormas._internal.head.fleet_head import FleetHead, FleetSpec
+    from ray_ormas._internal.head.fleet_head import CompleteCheck, FleetHead, FleetSpec
     from ray_ormas._internal.head.mlflow_link import HostedWriter
     from ray_ormas._internal.head.mlflow_writer import TrackingOutcome, TrackingWriter, WriterSpec
     from ray_ormas._internal.record.fleet_record import FleetSummary
@@ -110,7 +113,10 @@ class Ledger:
         self._attempts: list[str] = []
         self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
         self._resume_answers: dict[str, Any] = {}  # attempt token -> the checkpoint its ranks resume from
-        self._checks_done: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): every rank's facts in
+        self._changes: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): complete, or held for digests
+        self._relays: dict[str, Any] = {}  # node id -> its fleet relay
+        self._completed: dict[tuple[int, int], None] = {}  # the last KEEP_COMPLETED complete checks, in order
+        self._intros: dict[tuple[int, int], Intro] = {}  # (attempt, rank) -> what its packed rows leave out
 
     def alive(self) -> bool:
         """For the MLflow host (head/mlflow_host.py), which drops the writer of a ledger that died."""
@@ -141,22 +147,109 @@ class Ledger:
         if self._fleet is None:
             return None
         attempt = self.begin_attempt(token)
-        check = self._fleet.analyse(attempt, facts)
-        if check is not None and self._fleet.concludes_slowly:  # a policy, an action: never on the loop
-            await asyncio.to_thread(self._fleet.conclude, check)
-        elif check is not None:
-            self._fleet.conclude(check)
+        self._fleet.count("rank_calls")
+        await self._fleet_analyse(attempt, facts)
         if not self._fleet.acts:
             return None
-        key = (attempt, facts.check)
-        done = self._checks_done.setdefault(key, asyncio.Event())
-        if check is not None:
-            done.set()
-            self._checks_done = {k: e for k, e in self._checks_done.items() if not e.is_set()}
-        elif not self._fleet.incomplete(attempt):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), ORDER_WAIT_S)
+        await self._fleet_wait(attempt, facts.check, set())
         return self._fleet.order_for(attempt)
+
+    async def fleet_batch(
+        self, token: str, rows: list[tuple[bytes, dict[str, Any] | None]], intros: dict[int, Intro]
+    ) -> tuple[Order | None, tuple[int, ...]]:
+        """The facts of a node's ranks at one check, packed by the node's relay (fleet/wire.py;
+        `intros`: the ranks seen for the first time this attempt). Answers once the check is
+        complete (at most ORDER_WAIT_S later) with the attempt's order (as `fleet_facts`) and ();
+        or, as soon as the head holds the check for a divergence, with None and the ranks of this
+        batch whose parameter-group digests locate it: the relay sends them (`fleet_groups`),
+        whose answer is the order."""
+        if self._fleet is None:
+            return None, ()
+        attempt = self.begin_attempt(token)
+        self._fleet.groups_on_request()
+        self._fleet.count("relay_messages")
+        self._fleet.count("relay_rows", len(rows))
+        for rank, intro in intros.items():
+            self._intros[(attempt, rank)] = intro
+        check: int | None = None
+        ranks: set[int] = set()
+        for row, extras in rows:
+            facts = unpack(row, self._intros.get((attempt, ROW.unpack_from(row)[0])), extras)
+            await self._fleet_analyse(attempt, facts)
+            check, ranks = facts.check, ranks | {facts.rank}
+        wanted = () if check is None else await self._fleet_wait(attempt, check, ranks)
+        return (None, wanted) if wanted else (self._fleet.order_for(attempt), ())
+
+    async def fleet_groups(self, token: str, check: int, groups: dict[int, tuple[str, ...]]) -> Order | None:
+        """The parameter-group digests of a relay's ranks at `check`, which `fleet_batch` asked
+        for; answers as `fleet_facts` does, once the check is complete."""
+        if self._fleet is None:
+            return None
+        attempt = self.begin_attempt(token)
+        self._fleet.count("relay_messages")
+        await self._conclude(attempt, self._fleet.groups(attempt, check, groups))
+        await self._fleet_wait(attempt, check, set())
+        return self._fleet.order_for(attempt)
+
+    def fleet_relay(self, node_id: str) -> Any:
+        """The fleet relay of node `node_id` (node/fleet_relay.py), started at the first rank's
+        asking; the ledger owns it, so it lasts the fit, across worker-group attempts."""
+        relay = self._relays.get(node_id)
+        if relay is None:
+            relay = self._relays[node_id] = start_relay(ray.get_runtime_context().current_actor, node_id)
+        return relay
+
+    async def _fleet_analyse(self, attempt: int, facts: RankFacts) -> None:
+        """One rank's facts analysed, and the check concluded when they complete it."""
+        assert self._fleet is not None
+        check = self._fleet.analyse(attempt, facts)
+        if check is not None:
+            await self._conclude(attempt, [check], facts.check)
+        elif self._fleet.held(attempt, facts.check):  # its waiters may be asked for group digests
+            self._changed(attempt, facts.check)
+
+    async def _conclude(self, attempt: int, checks: list[CompleteCheck], check: int | None = None) -> None:
+        """Complete checks concluded in order (off the event loop when that can be slow: a
+        policy, an action), and their waiters woken (`check`: the one a malformed fact ended)."""
+        assert self._fleet is not None
+        for complete in checks:
+            if self._fleet.concludes_slowly:
+                await asyncio.to_thread(self._fleet.conclude, complete)
+            else:
+                self._fleet.conclude(complete)
+            number = complete.outcome.check if complete.outcome is not None else check
+            if number is not None:
+                self._completed[(attempt, number)] = None
+                while len(self._completed) > KEEP_COMPLETED:
+                    del self._completed[next(iter(self._completed))]
+                self._changed(attempt, number)
+
+    def _changed(self, attempt: int, check: int) -> None:
+        """Wakes whoever waits on `check` of `attempt` (`_fleet_wait`)."""
+        event = self._changes.pop((attempt, check), None)
+        if event is not None:
+            event.set()
+
+    async def _fleet_wait(self, attempt: int, check: int, ranks: set[int]) -> tuple[int, ...]:
+        """Returns () once `check` of `attempt` is complete, or the ranks of `ranks` whose group
+        digests the head holds it for, at most ORDER_WAIT_S later. Past that, a held check is
+        released: concluded with its divergence not located."""
+        assert self._fleet is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ORDER_WAIT_S
+        while (attempt, check) not in self._completed and not self._fleet.incomplete(attempt):
+            wanted = tuple(r for r in self._fleet.wanted_groups(attempt, check) if r in ranks)
+            if wanted:
+                return wanted
+            left = deadline - loop.time()
+            if left <= 0:
+                if self._fleet.held(attempt, check):
+                    await self._conclude(attempt, self._fleet.release(attempt, check))
+                break
+            event = self._changes.setdefault((attempt, check), asyncio.Event())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+        return ()
 
     async def fleet_order_at_end(self, token: str) -> Order | None:
         """Every rank of the attempt has ended its loop (they met for the final report): the

@@ -360,6 +360,11 @@ class FleetSummary:
             resumed from (`resumed_run_step`, `resumed_from`), the nodes an evict took out
             (`evicted`, `evicted_ids`, `scope`), and the `stacks` a `diagnose` captured
             (rank -> text), oldest first.
+        messages: what reached the head, counted while the fit ran (empty when read back from
+            storage): `relay_rows` (ranks' facts that came through their node's relay),
+            `relay_messages` (the relays' calls: one per node per check, and one more from a node
+            asked for group digests), `rank_calls` (facts a rank sent the head itself: before its
+            node's relay had started).
     """
 
     record: str
@@ -371,6 +376,7 @@ class FleetSummary:
     head_ms_per_check: float | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
+    messages: dict[str, int] = field(default_factory=dict)
 
     @property
     def resizes(self) -> list[dict[str, Any]]:
@@ -398,6 +404,7 @@ def fleet_summary(
     attempts: list[dict[str, Any]] | None = None,
     actions: list[dict[str, Any]] | None = None,
     summaries: list[dict[str, Any]] | None = None,
+    messages: dict[str, int] | None = None,
 ) -> FleetSummary:
     """The summary of one fit's check rows (the `checks` table, or its rows as dicts), alarm and
     attempt lines; the number of checks and the last losses from its check `summaries` when
@@ -426,6 +433,7 @@ def fleet_summary(
         head_ms_per_check=head_ms_per_check,
         attempts=list(attempts or []),
         actions=list(actions or []),
+        messages=dict(messages or {}),
     )
 
 

@@ -15,8 +15,9 @@ only inside them:
     ... the same for each step of the window, up to the sampled step s ...
     the monitor's check of s has run         -> the medians over the window's steps; loss,
                                                 digest, non-finite gradients: one host read per
-                                                device; the facts go to the run ledger with an
-                                                actor call that is never awaited
+                                                device; the facts go to the node's relay
+                                                (node/fleet_relay.py; to the run ledger until it
+                                                has started) with an actor call never awaited
 
 When an alarm can act (`FleetSettings.actions`), the probe keeps the reference of its last
 `fleet_facts` call and reads its answer at the next check: the head's order for this attempt
@@ -64,6 +65,7 @@ GROUPS = 64  # the parameter list is cut into at most this many digest groups
 TIMED_STEPS = 8  # a check carries the median timings of at most this many steps up to it
 NONFINITE_LAYERS_SHOWN = 8
 READ_ORDER_S = 10.0  # the ledger answers within its ORDER_WAIT_S (5 s); this only bounds a lost answer
+RELAY_S = 10.0  # the longest a rank waits, once per attempt, for its node's relay's handle
 END_ORDER_S = 60.0  # at the loop's end the ledger answers once a diagnose under way is done (at most 35 s)
 
 
@@ -77,11 +79,24 @@ class RankProbe:
     """Fleet facts of the main monitor's model on this rank (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, ledger: Any, token: str, rank: int, node: str, world_size: int, acts: bool = False
+        self,
+        model: nn.Module,
+        ledger: Any,
+        token: str,
+        rank: int,
+        node: str,
+        world_size: int,
+        acts: bool = False,
     ) -> None:
         self._outer = model
         self._inner = model.module if isinstance(model, DistributedDataParallel) else model
         self._ledger = ledger
+        self._relay, self._relay_ready, self._local_ranks = None, None, 1
+        with contextlib.suppress(Exception):  # without it: straight to the ledger
+            context = ray.train.get_context()
+            self._local_ranks = context.get_local_world_size()
+            self._relay = ray.get(ledger.fleet_relay.remote(ray.get_runtime_context().get_node_id()), timeout=RELAY_S)
+            self._relay_ready = self._relay.__ray_ready__.remote()  # read, never waited for, at each check
         self._token = token
         self._rank = rank
         self._world = world_size  # this attempt's (an elastic fit restarts at other sizes)
@@ -202,11 +217,29 @@ class RankProbe:
         if self._acts:
             self._read_order()
         try:
-            answer = self._ledger.fleet_facts.remote(self._token, facts)
+            relay = self._relay if self._relay_started() else None
+            if relay is not None:
+                answer = relay.facts.remote(self._token, self._local_ranks, facts)
+            else:
+                answer = self._ledger.fleet_facts.remote(self._token, facts)
             if self._acts:
                 self._answer = answer
-        except Exception:  # a gone ledger: the next check tries again
-            pass
+        except Exception:  # a gone ledger or relay: the next check tries again (straight to the ledger)
+            self._relay = None
+
+    def _relay_started(self) -> bool:
+        """Whether this node's relay is there and has started (until then: straight to the ledger)."""
+        if self._relay is None or self._relay_ready is None:
+            return self._relay is not None
+        with contextlib.suppress(Exception):
+            ready, _ = ray.wait([self._relay_ready], timeout=0)
+            if ready:
+                ray.get(self._relay_ready)  # raises if it could not start
+                self._relay_ready = None
+                return True
+            return False
+        self._relay = None  # it could not start: this rank sends to the ledger itself
+        return False
 
     def order_at_end(self) -> Order | None:
         """The loop ended on every rank: the head's order that came after this rank's last check
@@ -224,8 +257,12 @@ class RankProbe:
         """The answer to the last check's call: the head's order, if any."""
         if self._answer is None or self.order is not None:
             return
-        with contextlib.suppress(Exception):  # a gone or late ledger gives no order
+        try:
             self.order = ray.get(self._answer, timeout=READ_ORDER_S)
+        except ray.exceptions.RayActorError:  # the relay is gone: this rank sends to the ledger itself
+            self._relay = None
+        except Exception:  # a gone or late ledger gives no order
+            pass
 
     def _facts(self, check: int, step: int, loss: torch.Tensor | float | None) -> RankFacts:
         timed = self._timed or [_StepTimes(self._data_s, self._forward_s, time.perf_counter() - self._t_end)]

@@ -122,7 +122,13 @@ class MonitorRuntime:
             if session.rank == 0:
                 plan.ledger.fleet_offset.remote(session.token, self.step_offset)
             self._probe = RankProbe(
-                model, plan.ledger, session.token, session.rank, session.node(), session.world_size, plan.fleet_acts
+                model,
+                plan.ledger,
+                session.token,
+                session.rank,
+                session.node(),
+                session.world_size,
+                plan.fleet_acts,
             )
 
     # ------------------------------------------------------------------ the steps of __init__
