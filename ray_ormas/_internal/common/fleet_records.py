@@ -50,18 +50,29 @@ class _ReadsLikeAMapping:
 
 
 def _names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in fields(cls))
+    return frozenset(_ordered_names(cls))
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _ordered_names(cls: type) -> tuple[str, ...]:
+    """The dataclass `cls`'s field names, in order (read once per class)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def _line(record: Any, always: tuple[str, ...]) -> dict[str, Any]:
     """`record` as a JSON-ready dict: the `always` fields, then every other field that is set
-    (tuples as lists)."""
+    (tuples as lists). Called for every rank at every check: the field names are read once."""
     line: dict[str, Any] = {}
-    for f in fields(record):
-        value = getattr(record, f.name)
-        if value is None and f.name not in always:
+    for name in _ordered_names(type(record)):
+        value = getattr(record, name)
+        if value is None and name not in always:
             continue
-        line[f.name] = list(value) if isinstance(value, tuple) else value
+        line[name] = list(value) if isinstance(value, tuple) else value
     return line
 
 

@@ -114,7 +114,7 @@ class Ledger:
         self._worlds: dict[int, int] = {}  # attempt -> its world size (an elastic fit's may change)
         self._resume_answers: dict[str, Any] = {}  # attempt token -> the checkpoint its ranks resume from
         self._changes: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): complete, or held for digests
-        self._relays: dict[str, Any] = {}  # node id -> its fleet relay
+        self._relays: dict[str, dict[str, Any]] = {}  # attempt token -> node id -> its fleet relay
         self._completed: dict[tuple[int, int], None] = {}  # the last KEEP_COMPLETED complete checks, in order
         self._intros: dict[tuple[int, int], Intro] = {}  # (attempt, rank) -> what its packed rows leave out
 
@@ -127,6 +127,7 @@ class Ledger:
         attempt's index (0, 1, ...). Other calls use it to number the attempt of a token."""
         if token not in self._attempts:
             self._attempts.append(token)
+            self._end_relays(keep=token)  # the earlier attempts' groups have ended
         attempt = self._attempts.index(token)
         if world_size is not None:
             self._worlds[attempt] = world_size
@@ -191,13 +192,23 @@ class Ledger:
         await self._fleet_wait(attempt, check, set())
         return self._fleet.order_for(attempt)
 
-    def fleet_relay(self, node_id: str) -> Any:
-        """The fleet relay of node `node_id` (node/fleet_relay.py), started at the first rank's
-        asking; the ledger owns it, so it lasts the fit, across worker-group attempts."""
-        relay = self._relays.get(node_id)
-        if relay is None:
-            relay = self._relays[node_id] = start_relay(ray.get_runtime_context().current_actor, node_id)
-        return relay
+    def fleet_relay(self, token: str, node_id: str) -> Any:
+        """The fleet relay of node `node_id` for attempt `token` (node/fleet_relay.py), started at
+        the first rank's asking. It serves its attempt only: the ledger ends it when the attempt's
+        worker group fails or the next attempt begins (`_end_relays`), so a node the fleet evicts
+        or Ray drains keeps nothing of the run."""
+        self.begin_attempt(token)
+        relays = self._relays.setdefault(token, {})
+        if node_id not in relays:
+            relays[node_id] = start_relay(ray.get_runtime_context().current_actor, node_id)
+        return relays[node_id]
+
+    def _end_relays(self, keep: str | None = None) -> None:
+        """Ends the fleet relays of every attempt but `keep` (their ranks are gone)."""
+        for token in [t for t in self._relays if t != keep]:
+            for relay in self._relays.pop(token).values():
+                with contextlib.suppress(Exception):  # already gone with its node
+                    ray.kill(relay, no_restart=True)
 
     async def _fleet_analyse(self, attempt: int, facts: RankFacts) -> None:
         """One rank's facts analysed, and the check concluded when they complete it."""
@@ -354,6 +365,7 @@ class Ledger:
         """A failed attempt's errors; returns the `FleetStopError` message when an alarm's
         action stopped the fit (the controller raises it: head/ledger_callback.py)."""
         self._exceptions.append(per_rank)
+        self._end_relays()  # the failed group's ranks are gone: nothing of it stays on their nodes
         if self._fleet is None:
             return None
         self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)

@@ -2,11 +2,14 @@
 gets one message per node per check, 49 bytes per rank.
 
 Runs as a small async Ray actor on the ranks' node (`FleetRelay`, no CPU). The run ledger creates
-it when the node's first rank asks (`RunLedger.fleet_relay`, pinned to the node) and owns it, so it
-outlives a failed worker group (what its ranks handed it still goes to the head) and ends with the
-fit. The ranks' calls are node-local and never awaited by the loop (worker/fleet_probe.py reads
-the answer at its next check, as before; until the relay has started, a rank sends its facts to
-the ledger itself): the relay adds no synchronisation the loop did not have.
+it when the node's first rank of an attempt asks (`RunLedger.fleet_relay`, pinned to the node) and
+owns it; it serves that attempt only, and the ledger ends it when the attempt's worker group fails
+or the next attempt begins. An actor left on a node would keep the node from draining (Ray waits
+for what runs there) and from being scaled down.
+
+The ranks' calls are node-local and never awaited by the loop (worker/fleet_probe.py reads the
+answer at its next check, as before; until the relay has started, a rank sends its facts to the
+ledger itself): the relay adds no synchronisation the loop did not have.
 
     rank r, check c   -> relay.facts(token, local ranks, RankFacts)
                          keeps its parameter-group digests (the last KEEP_CHECKS checks), packs the

@@ -95,7 +95,8 @@ class RankProbe:
         with contextlib.suppress(Exception):  # without it: straight to the ledger
             context = ray.train.get_context()
             self._local_ranks = context.get_local_world_size()
-            self._relay = ray.get(ledger.fleet_relay.remote(ray.get_runtime_context().get_node_id()), timeout=RELAY_S)
+            node_id = ray.get_runtime_context().get_node_id()
+            self._relay = ray.get(ledger.fleet_relay.remote(token, node_id), timeout=RELAY_S)
             self._relay_ready = self._relay.__ray_ready__.remote()  # read, never waited for, at each check
         self._token = token
         self._rank = rank
