@@ -258,6 +258,8 @@ class Ledger:
                     await self._conclude(attempt, self._fleet.release(attempt, check))
                 break
             event = self._changes.setdefault((attempt, check), asyncio.Event())
+            while len(self._changes) > KEEP_COMPLETED:  # checks that never completed (a rank gone)
+                del self._changes[next(iter(self._changes))]  # their waiters still time out
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), left)
         return ()
