@@ -15,13 +15,14 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy
 import pytest
 from mlflow import MlflowClient
 from ray.train import ScalingConfig
 
 import ray_ormas
 from ray_ormas import FleetSettings, RayOrmasTrainer
-from ray_ormas._internal.fleet.analysis import FleetAnalyzer, _median_without
+from ray_ormas._internal.fleet.analysis import FleetAnalyzer, _median_without, _medians_without
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.head.fleet_metrics import EXPORTED
 
@@ -310,6 +311,32 @@ def test_median_without_one_value(values):
         rest = list(values)
         rest.remove(v)
         assert _median_without(sorted(values), v) == (statistics.median(rest) if rest else v)
+    at_once = _medians_without(numpy.sort(values), numpy.array(values))  # every rank's at once, as the head does
+    assert at_once.tolist() == [_median_without(sorted(values), v) for v in values]
+
+
+def test_a_checks_summary_from_its_columns_is_the_one_its_lines_give():
+    # The head writes each check's summary from its columns; a version-1 record's is made from its
+    # lines on reading: alike, with missing timings, a NaN loss, no digest, ties and a slow rank.
+    from ray_ormas._internal.fleet.check_columns import CheckColumns
+    from ray_ormas._internal.head.fleet_head import CompleteCheck
+    from ray_ormas._internal.record.check_summaries import check_summary
+
+    analyzer = FleetAnalyzer(FleetSettings(slow_checks=1), world=6, compare_digests=True)
+    for check in range(3):
+        row = [
+            facts(r, check, data_s=None if r == 4 else 0.002 + (0.05 if r == 5 and check else 0.0) + r * 1e-4,
+                  forward_s=None if r == 4 else 0.01, loss=float("nan") if r == 3 else 1.0 + r,
+                  nonfinite_loss=r == 3, digest=None if r == 2 else ("b" if r == 1 else "a") * 16)
+            for r in (5, 0, 3, 1, 4, 2)
+        ]  # fmt: skip
+        for f in row:
+            outcome = analyzer.add(0, f)
+    assert outcome is not None and isinstance(outcome.columns, CheckColumns)
+    check = CompleteCheck(outcome, 1.5)
+    from_columns = outcome.columns.summary(check.where())
+    assert from_columns == check_summary(check.record_lines()), (from_columns, check_summary(check.record_lines()))
+    assert from_columns["slow_ranks"] == [5] and from_columns["worst_rank"] == 5 and from_columns["odd_count"] == 2
 
 
 def test_yaml_fleet_section(tmp_path):

@@ -9,24 +9,24 @@ its Parquet record on local disk, Ray's metrics on), and one actor per simulated
 
 - `relays` (what the ranks do): the node's actor runs the real relay (node/fleet_relay.py's
   `NodeRelay`, in the actor's process as in a `FleetRelay` actor), which each rank hands its
-  facts; one `fleet_batch` call per node per check, 49-byte rows;
+  facts, 49-byte rows; the nodes grouped as the ledger groups relays (GROUP_NODES a group, the
+  first leading): one `fleet_batch` call per group per check;
 - `ranks` (before the relays, and while a node's relay starts): one `fleet_facts` call per rank
   with its whole facts.
 
-Facts are shaped as bench/components/fleet_scale.py's. Once the head has completed the check,
-the next one starts. Prints per path and world size: messages per check, bytes per rank per
-check (the pickled calls' arguments), and the head
-process's CPU time per check, in all (Ray's receiving threads, the event loop, the analysis, the
-record, Ray's metrics) and for the analysis and what follows it alone (`FleetHead`'s own
-count), from the ledger process's CPU times before and after the checks. The first two checks
-warm up and are left out.
+Facts are shaped as bench/components/fleet_scale.py's. Once the head has answered every rank (it
+answers once the check is complete), the next check starts: nothing polls the ledger meanwhile.
+Prints per path and world size: messages per check, bytes per rank per check (the pickled
+arguments of a node's call), and the head process's CPU time per check, in all (Ray's receiving
+threads, the event loop, the analysis, the record, Ray's metrics) and for the analysis and what
+follows it alone (`FleetHead`'s own count), from the ledger process's CPU times before and after
+the checks. The first two checks warm up and are left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pickle
 import random
 import tempfile
@@ -40,7 +40,7 @@ from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.wire import intro_of, pack
 from ray_ormas._internal.head.fleet_head import FleetSpec
 from ray_ormas._internal.head.ledger import RunLedger
-from ray_ormas._internal.node.fleet_relay import NodeRelay
+from ray_ormas._internal.node.fleet_relay import GROUP_NODES, NodeRelay
 from ray_ormas._internal.record.store import RecordStore
 
 WARM_CHECKS = 2
@@ -70,46 +70,51 @@ class Node:
     """The ranks of one simulated node: each sends its facts as a rank does, through the node's
     relay or straight to the ledger."""
 
-    def __init__(self, ledger: Any, ranks: list[int]) -> None:
+    def __init__(self, ledger: Any, ranks: list[int], upstream: Any = None) -> None:
         self._ledger = ledger
         self._ranks = ranks
         self._rng = random.Random(ranks[0])
-        self._relay = NodeRelay(ledger)
-        self._answers: list[asyncio.Task[Any]] = []
+        self._relay = NodeRelay(ledger, upstream, name=str(ranks[0]))
+
+    async def forward(self, *args: Any) -> Any:
+        """As the leader of its group: a member's rows (NodeRelay.forward)."""
+        return await self._relay.forward(*args)
 
     async def send(self, check: int, path: str) -> int:
+        """The node's ranks' facts at `check`; returns the bytes sent once the head has answered
+        every rank (the answer comes once the check is complete)."""
         facts = [rank_facts(rank, check, self._rng) for rank in self._ranks]
         if path == "ranks":
-            for f in facts:
-                self._ledger.fleet_facts.remote(TOKEN, f)
+            await asyncio.gather(*(self._ledger.fleet_facts.remote(TOKEN, f) for f in facts))
             return sum(len(pickle.dumps((TOKEN, f))) for f in facts)
         intros = {f.rank: intro_of(f) for f in facts} if check == 0 else {}
-        self._answers = [t for t in self._answers if not t.done()]
-        self._answers += [asyncio.create_task(self._relay.facts(TOKEN, len(facts), f)) for f in facts]
-        return len(pickle.dumps((TOKEN, [pack(f) for f in facts], intros)))
+        await asyncio.gather(*(self._relay.facts(TOKEN, len(facts), f) for f in facts))
+        packed = [pack(f) for f in facts]
+        extras = {f.rank: x for f, (_, x) in zip(facts, packed) if x}
+        return len(pickle.dumps((TOKEN, b"".join(r for r, _ in packed), extras, intros)))
 
 
 def _cpu_and_count(ledger_self: Any) -> tuple[float, float, int]:
-    times = os.times()
     fleet = ledger_self._fleet
-    return times.user + times.system, fleet._head_s, fleet._complete
+    return time.process_time(), fleet._head_s, fleet._complete  # the process's CPU, every thread
 
 
-def measure(world: int, per_node: int, checks: int, path: str) -> dict[str, Any]:
+def measure(world: int, per_node: int, checks: int, path: str, group: int = GROUP_NODES) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         spec = FleetSpec(FleetSettings(), RecordStore.at(tmp), "bench", "bench", world, "ddp")
         ledger = RunLedger.options(num_cpus=0).remote(None, spec)
         ray.get(ledger.begin_attempt.remote(TOKEN, world))
         ray.get(ledger.fleet_offset.remote(TOKEN, 0))
-        nodes = [Node.remote(ledger, list(range(a, min(a + per_node, world)))) for a in range(0, world, per_node)]
+        nodes: list[Any] = []
+        for first in range(0, world, per_node):  # grouped as the ledger groups relays (GROUP_NODES)
+            leader = nodes[len(nodes) - len(nodes) % group] if len(nodes) % group else None
+            nodes.append(Node.remote(ledger, list(range(first, min(first + per_node, world))), leader))
         sent = []
         start = None
         for check in range(checks):
             if check == WARM_CHECKS:
                 start = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
-            sent.append(sum(ray.get([n.send.remote(check, path) for n in nodes])))
-            while ray.get(ledger.__ray_call__.remote(_cpu_and_count))[2] < check + 1:
-                time.sleep(0.005)
+            sent.append(sum(ray.get([n.send.remote(check, path) for n in nodes])))  # the check complete
         end = ray.get(ledger.__ray_call__.remote(_cpu_and_count))
         ray.get(ledger.finish_fleet.remote())
         ray.kill(ledger)
@@ -120,7 +125,7 @@ def measure(world: int, per_node: int, checks: int, path: str) -> dict[str, Any]
     return {
         "path": path,
         "world": world,
-        "messages": world if path == "ranks" else len(nodes),
+        "messages": world if path == "ranks" else -(-len(nodes) // group),
         "bytes_per_rank": sum(sent) / len(sent) / world,
         "head_ms": (end[0] - start[0]) / measured * 1000,
         "analysis_ms": (end[1] - start[1]) / measured * 1000,
@@ -133,6 +138,14 @@ def main() -> None:
     p.add_argument("--nodes-of", type=int, default=8, help="ranks per simulated node (default 8)")
     p.add_argument("--checks", type=int, default=10, help="checks per world size, the first 2 warm-up (default 10)")
     p.add_argument("--paths", nargs="+", choices=["relays", "ranks"], default=["relays", "ranks"])
+    p.add_argument(
+        "--group-nodes",
+        type=int,
+        default=GROUP_NODES,
+        help=f"nodes per relay group (default {GROUP_NODES}, as the ledger groups them); with --nodes-of "
+        f"{GROUP_NODES * 8} --group-nodes 1, one actor per group sends what a group's leader sends (the "
+        "10,000-rank point on a small machine)",
+    )
     args = p.parse_args()
     if args.checks <= WARM_CHECKS:
         p.error(f"--checks must be more than the {WARM_CHECKS} warm-up checks")
@@ -143,7 +156,7 @@ def main() -> None:
             f"{'head ms/check':>13} {'analysis ms':>11}"
         )
         for path, world in ((path, world) for path in args.paths for world in args.ranks):
-            r = measure(world, args.nodes_of, args.checks, path)
+            r = measure(world, args.nodes_of, args.checks, path, args.group_nodes)
             print(
                 f"{r['path']:>6} {r['world']:>6} {r['messages']:>14} {r['bytes_per_rank']:>16.0f} "
                 f"{r['head_ms']:>13.2f} {r['analysis_ms']:>11.2f}",

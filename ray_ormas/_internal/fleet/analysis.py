@@ -1,10 +1,13 @@
 """The head node's view of the fleet: every rank's facts at a check turned into scores and alarms.
 
-Pure Python, no Ray, no torch: the run ledger (head/ledger.py) feeds it the facts each rank sends at
-each check (worker/fleet_probe.py) and writes what it returns to the fleet record, MLflow and Ray's
-metrics. bench/components/fleet_scale.py feeds it simulated facts for up to 1,000 ranks.
+No Ray, no torch: the run ledger (head/ledger.py) feeds it what the ranks send at each check
+(worker/fleet_probe.py): the nodes' relays' packed rows (`add_rows`, fleet/wire.py), or a rank's
+whole facts (`add`). The head writes what it returns to the fleet record, MLflow and Ray's metrics.
+A complete check is analysed as columns (fleet/check_columns.py, numpy): the work per rank is
+numpy's, and Python's only for the ranks an alarm names (bench/components/fleet_scale.py and
+fleet_messages.py measure it at up to 10,000 ranks).
 
-Per check, once every rank's facts are in (work and output linear in the number of ranks):
+Per check, once every rank's facts are in:
 
 * **Straggler score** of rank r, for its busy time b = data_s + forward_s (the part of a step a
   rank spends before it waits on the others): `relative` = median of the *other* ranks' b over
@@ -34,37 +37,68 @@ alarms, and the most severe of them acts.
 
 from __future__ import annotations
 
-import statistics
+import bisect
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
 
 from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
 from ray_ormas._internal.common.fleet_settings import FleetSettings
+from ray_ormas._internal.fleet.check_columns import CheckColumns
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.wire import ROW, Intro, rows_at, unpack
 
 KEEP_PENDING_CHECKS = 8  # checks waiting for missing ranks are dropped beyond this many
+KEEP_INTRO_ATTEMPTS = 2  # the attempts whose ranks' intros are kept (the current one and the one before)
 
 
 @dataclass
-class _RankState:
-    best_busy: float | None = None
-    streak: int = 0  # slow checks in a row
-    fast_streak: int = 0  # checks in a row that were not slow
-    alarmed: bool = False
+class _RankStates:
+    """The straggler state of one attempt's ranks, a slot per rank number."""
+
+    best_busy: np.ndarray = field(default_factory=lambda: np.empty(0))
+    streak: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # slow checks in a row
+    fast_streak: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # checks in a row not slow
+    alarmed: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+
+    def fit(self, size: int) -> None:
+        """Room for ranks 0 .. size - 1."""
+        grow = size - len(self.best_busy)
+        if grow > 0:
+            self.best_busy = np.append(self.best_busy, np.full(grow, np.nan))
+            self.streak = np.append(self.streak, np.zeros(grow, np.int64))
+            self.fast_streak = np.append(self.fast_streak, np.zeros(grow, np.int64))
+            self.alarmed = np.append(self.alarmed, np.zeros(grow, bool))
+
+
+@dataclass
+class _Pending:
+    """What came so far of one check: whole facts by rank, and the relays' packed rows."""
+
+    ranks: set[int] = field(default_factory=set)
+    facts: dict[int, RankFacts] = field(default_factory=dict)
+    packed: list[bytes] = field(default_factory=list)
+    extras: dict[int, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
 class CheckOutcome:
-    """What one complete check produced: one row per rank, the alarms, the fleet's loss."""
+    """What one complete check produced: its columns (scored), the alarms, the fleet's loss;
+    `ranks`, one `RankRow` per rank, made on demand."""
 
     attempt: int
     check: int
     step: int
     run_step: int
-    ranks: list[RankRow]
+    columns: CheckColumns
     alarms: list[FleetAlarm]
     loss_mean: float | None
+
+    @property
+    def ranks(self) -> list[RankRow]:
+        return self.columns.rows()
 
 
 @dataclass
@@ -74,13 +108,15 @@ class FleetAnalyzer:
     settings: FleetSettings
     world: int  # the ranks of a check when its facts do not say (an elastic fit's say, per attempt)
     compare_digests: bool  # DDP: replicas must agree
-    _pending: dict[tuple[int, int], dict[int, RankFacts]] = field(default_factory=dict)
-    _ranks: dict[tuple[int, int], _RankState] = field(default_factory=dict)
+    _pending: dict[tuple[int, int], _Pending] = field(default_factory=dict)
+    _states: dict[int, _RankStates] = field(default_factory=dict)  # attempt -> its ranks' straggler state
     _offsets: dict[int, int] = field(default_factory=dict)
     _group_names: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    _intros: dict[int, dict[int, Intro]] = field(default_factory=dict)  # attempt -> rank -> its intro (relays)
     _diverged_in: int | None = None  # the attempt of the divergence episode under way (one alarm per attempt)
     _nonfinite_in: int | None = None  # the same for non-finite values
-    _held: dict[tuple[int, int], _Held] = field(default_factory=dict)  # complete checks waiting (in order)
+    _held: dict[tuple[int, int], CheckColumns] = field(default_factory=dict)  # complete checks waiting (in order)
+    _given_up: set[tuple[int, int]] = field(default_factory=set)  # held checks evaluated without their digests
     groups_on_request: bool = False  # the facts come without group digests: ask for them at a divergence
     dropped_checks: int = 0
 
@@ -93,35 +129,84 @@ class FleetAnalyzer:
         return step + self._offsets.get(attempt, 0)
 
     def add(self, attempt: int, facts: RankFacts) -> CheckOutcome | None:
-        """One rank's facts at one check; the check's outcome once every rank's are in."""
+        """One rank's whole facts at one check; the check's outcome once every rank's are in."""
         if facts.group_names is not None:
             self._group_names.setdefault(attempt, facts.group_names)
         key = (attempt, facts.check)
-        got = self._pending.setdefault(key, {})
-        got[facts.rank] = facts
-        if len(got) < (facts.world or self.world):  # the ranks of this attempt
+        got = self._pending.setdefault(key, _Pending())
+        got.facts[facts.rank] = facts
+        got.ranks.add(facts.rank)
+        return self._if_complete(key, got, facts.world or self.world)
+
+    def add_rows(
+        self,
+        attempt: int,
+        packed: bytes,
+        extras: Mapping[int, Mapping[str, Any]],
+        intros: Mapping[int, Intro],
+        at: tuple[int, list[int]] | None = None,
+    ) -> CheckOutcome | None:
+        """A node's packed rows at one check (fleet/wire.py: `extras` by rank; `intros`: the ranks
+        of these rows seen for the first time this attempt; `at`: their check and ranks, when the
+        caller read them already); the check's outcome once every rank's facts are in."""
+        known = self._intros.get(attempt)
+        if known is None:
+            known = self._intros[attempt] = {}
+            for old in sorted(self._intros)[:-KEEP_INTRO_ATTEMPTS]:
+                del self._intros[old]
+        known.update(intros)
+        for intro in intros.values():
+            if intro.group_names is not None:
+                self._group_names.setdefault(attempt, intro.group_names)
+        check, ranks = at if at is not None else rows_at(packed)[::2]
+        if not ranks:
+            return None
+        key = (attempt, check)
+        got = self._pending.setdefault(key, _Pending())
+        got.packed.append(packed)
+        got.extras.update(extras)
+        got.ranks.update(ranks)
+        first = known.get(ranks[0])
+        return self._if_complete(key, got, (first.world if first is not None else None) or self.world)
+
+    def _if_complete(self, key: tuple[int, int], got: _Pending, world: int) -> CheckOutcome | None:
+        if len(got.ranks) < world:  # the ranks of this attempt
             if len(self._pending) > KEEP_PENDING_CHECKS:
                 oldest = min(self._pending)
                 del self._pending[oldest]
                 self.dropped_checks += 1
             return None
         del self._pending[key]
-        complete = [got[r] for r in sorted(got)]
+        attempt, check = key
+        columns = self._columns(attempt, got)
         if self.groups_on_request and (
-            any(k[0] == attempt for k in self._held) or self._pair_to_locate(attempt, complete)
+            any(k[0] == attempt for k in self._held) or self._pair_to_locate(attempt, columns)
         ):
-            self._held[key] = _Held(complete)  # after the held one(s) of its attempt, in order
+            self._held[key] = columns  # after the held one(s) of its attempt, in order
             return None
-        return self._evaluate(attempt, key[1], complete)
+        return self._evaluate(attempt, check, columns)
+
+    def _columns(self, attempt: int, got: _Pending) -> CheckColumns:
+        """A complete check's columns: straight from the packed rows when they are all there is."""
+        intros = self._intros.get(attempt, {})
+        if not got.facts:
+            return CheckColumns.of_rows(b"".join(got.packed), got.extras, intros)
+        facts: dict[int, RankFacts] = {}
+        for packed in got.packed:  # a check some ranks sent whole (their relay had not started)
+            for at in range(0, len(packed), ROW.size):
+                rank = ROW.unpack_from(packed, at)[0]
+                facts[rank] = unpack(packed[at : at + ROW.size], intros.get(rank), got.extras.get(rank))
+        facts.update(got.facts)
+        return CheckColumns.of_facts([facts[r] for r in sorted(facts)])
 
     # ------------------------------------------------------------------ group digests on request
     def wanted_groups(self) -> list[tuple[int, int, tuple[int, ...]]]:
         """(attempt, check, ranks) of each held check whose divergence waits for these ranks'
         parameter-group digests (`groups_on_request`: the facts came without them)."""
         wanted = []
-        for (attempt, check), held in self._held.items():
-            pair = self._pair_to_locate(attempt, held.facts) if self._first_held(attempt) == check else None
-            missing = tuple(r for r in pair or () if not held.by_rank[r].groups)
+        for (attempt, check), columns in self._held.items():
+            pair = self._pair_to_locate(attempt, columns) if self._first_held(attempt) == check else None
+            missing = tuple(r for r in pair or () if not columns.groups.get(r))
             if missing:
                 wanted.append((attempt, check, missing))
         return wanted
@@ -129,21 +214,19 @@ class FleetAnalyzer:
     def add_groups(self, attempt: int, check: int, groups: dict[int, tuple[str, ...]]) -> list[CheckOutcome]:
         """Parameter-group digests of ranks at a held check: the checks of `attempt` that can be
         evaluated now, in order (the held one once the digests that locate it are in)."""
-        held = self._held.get((attempt, check))
-        if held is not None:
-            for rank, g in groups.items():
-                if rank in held.by_rank:
-                    held.by_rank[rank] = replace(held.by_rank[rank], groups=g)
-            held.facts = [held.by_rank[f.rank] for f in held.facts]
+        columns = self._held.get((attempt, check))
+        if columns is not None:
+            known = set(columns.rank.tolist())
+            columns.groups.update({r: tuple(g) for r, g in groups.items() if r in known})
         return self._release(attempt)
 
     def release(self, attempt: int, check: int | None = None) -> list[CheckOutcome]:
         """The held checks of `attempt` up to `check` (all when None) evaluated without the
         digests that did not come (the divergence alarmed, not located), and those after them
         that need none, in order."""
-        for key, held in self._held.items():
+        for key in self._held:
             if key[0] == attempt and (check is None or key[1] <= check):
-                held.given_up = True
+                self._given_up.add(key)
         return self._release(attempt)
 
     def held(self) -> list[tuple[int, int]]:
@@ -153,138 +236,133 @@ class FleetAnalyzer:
     def _release(self, attempt: int) -> list[CheckOutcome]:
         out = []
         while (check := self._first_held(attempt)) is not None:
-            held = self._held[(attempt, check)]
-            if not held.given_up and self._pair_to_locate(attempt, held.facts) is not None:
-                pair = self._pair_to_locate(attempt, held.facts) or ()
-                if not all(held.by_rank[r].groups for r in pair):
-                    break
-            del self._held[(attempt, check)]
-            out.append(self._evaluate(attempt, check, held.facts))
+            key = (attempt, check)
+            columns = self._held[key]
+            pair = self._pair_to_locate(attempt, columns)
+            if key not in self._given_up and pair is not None and not all(columns.groups.get(r) for r in pair):
+                break
+            del self._held[key]
+            self._given_up.discard(key)
+            out.append(self._evaluate(attempt, check, columns))
         return out
 
     def _first_held(self, attempt: int) -> int | None:
         return min((c for a, c in self._held if a == attempt), default=None)
 
-    def _pair_to_locate(self, attempt: int, facts: list[RankFacts]) -> tuple[int, int] | None:
+    def _pair_to_locate(self, attempt: int, columns: CheckColumns) -> tuple[int, int] | None:
         """The two ranks (one of the majority, one of the others) whose parameter-group digests
         locate this check's divergence, when it raises a new alarm and one of them lacks them."""
         if not self.compare_digests or self._diverged_in == attempt:
             return None
-        split = _split(facts)
+        split = columns.split()
         if split is None:
             return None
         pair = split[2]
-        by_rank = {f.rank: f for f in facts}
-        return pair if not (by_rank[pair[0]].groups and by_rank[pair[1]].groups) else None
+        return pair if not (columns.groups.get(pair[0]) and columns.groups.get(pair[1])) else None
 
     # ------------------------------------------------------------------ one complete check
-    def _evaluate(self, attempt: int, check: int, facts: list[RankFacts]) -> CheckOutcome:
-        step = facts[0].step
+    def _evaluate(self, attempt: int, check: int, columns: CheckColumns) -> CheckOutcome:
+        step = int(columns.step[0])
         run_step = self.run_step(attempt, step)
-        rows: list[dict[str, Any]] = [
-            {
-                "rank": f.rank,
-                "node": f.node,
-                "data_s": f.data_s,
-                "forward_s": f.forward_s,
-                "wall_s": f.wall_s,
-                "timed_steps": f.timed_steps,
-                "loss": f.loss,
-                "nonfinite": f.nonfinite_loss or bool(f.nonfinite_layers),
-                "digest": f.digest,
-                "relative_score": None,
-                "individual_score": None,
-                "slow": False,
-                "slow_in": None,
-            }
-            for f in facts
-        ]
         alarms: list[FleetAlarm] = []
         where = {"attempt": attempt, "check": check, "step": step, "run_step": run_step}
         if check > 0:
-            alarms += self._stragglers(attempt, rows, where)
+            alarms += self._stragglers(attempt, columns, where)
         if self.compare_digests:
-            alarms += self._divergence(attempt, facts, where)
-        alarms += self._nonfinite_alarm(facts, where)
-        losses = [r["loss"] for r in rows if isinstance(r["loss"], float) and _finite(r["loss"])]
+            alarms += self._divergence(attempt, columns, where)
+        alarms += self._nonfinite_alarm(columns, where)
         return CheckOutcome(
             attempt=attempt,
             check=check,
             step=step,
             run_step=run_step,
-            ranks=[RankRow(**r) for r in rows],
+            columns=columns,
             alarms=alarms,
-            loss_mean=statistics.fmean(losses) if losses else None,
+            loss_mean=columns.loss_mean(),
         )
 
-    def _stragglers(self, attempt: int, rows: list[dict[str, Any]], where: dict[str, Any]) -> list[FleetAlarm]:
-        busy = [_busy(r) for r in rows]
-        timed = [b for b in busy if b is not None]
-        if len(timed) < 2:
+    def _stragglers(self, attempt: int, c: CheckColumns, where: dict[str, Any]) -> list[FleetAlarm]:
+        """The straggler scores of every timed rank, at once (numpy), and the alarms of the ranks
+        whose episode starts or ends at this check."""
+        timed = ~(np.isnan(c.data_s) & np.isnan(c.forward_s))
+        if int(timed.sum()) < 2:
             return []
-        walls = [r["wall_s"] for r in rows if isinstance(r["wall_s"], (int, float))]
-        wall_median = statistics.median(walls) if walls else 0.0
-        sorted_busy = sorted(timed)
-        data = sorted(r["data_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
-        forward = sorted(r["forward_s"] or 0.0 for r, b in zip(rows, busy) if b is not None)
+        data = np.nan_to_num(c.data_s[timed], nan=0.0)
+        forward = np.nan_to_num(c.forward_s[timed], nan=0.0)
+        busy = data + forward
+        walls = c.wall_s[~np.isnan(c.wall_s)]
+        wall_median = float(np.median(walls)) if len(walls) else 0.0
+        others = _medians_without(np.sort(busy), busy)
+        positive = busy > 0
+        relative = np.where(positive, np.minimum(1.0, others / np.where(positive, busy, 1.0)), 1.0)
+        states = self._states.setdefault(attempt, _RankStates())
+        at = c.rank[timed]
+        states.fit(int(at.max()) + 1)
+        best = np.fmin(states.best_busy[at], busy)
+        states.best_busy[at] = best
+        individual = np.where(positive, np.minimum(1.0, best / np.where(positive, busy, 1.0)), 1.0)
+        slow = (relative < self.settings.slow_score) & (busy - others >= self.settings.min_excess * wall_median)
+        data_excess = data - _medians_without(np.sort(data), data)
+        forward_excess = forward - _medians_without(np.sort(forward), forward)
+        in_data = data_excess >= forward_excess
+        streak = np.where(slow, states.streak[at] + 1, 0)
+        fast = np.where(slow, 0, states.fast_streak[at] + 1)
+        states.streak[at], states.fast_streak[at] = streak, fast
+        was_alarmed = states.alarmed[at]
+        n = self.settings.slow_checks
+        raised = slow & (streak == n) & ~was_alarmed
+        recovered = ~raised & was_alarmed & (fast == n)  # the same N both ways: one noisy check decides nothing
+        states.alarmed[at[raised]] = True
+        states.alarmed[at[recovered]] = False
+        size = len(c)
+        c.relative, c.individual = np.full(size, np.nan), np.full(size, np.nan)
+        c.slow, c.slow_in_data = np.zeros(size, bool), np.zeros(size, bool)
+        c.relative[timed], c.individual[timed], c.slow[timed], c.slow_in_data[timed] = (
+            relative,
+            individual,
+            slow,
+            in_data,
+        )
         alarms: list[FleetAlarm] = []
-        for r, b in zip(rows, busy):
-            if b is None:
-                continue
-            state = self._ranks.setdefault((attempt, r["rank"]), _RankState())
-            others = _median_without(sorted_busy, b)
-            relative = 1.0 if b <= 0 else min(1.0, others / b)
-            state.best_busy = b if state.best_busy is None else min(state.best_busy, b)
-            individual = 1.0 if b <= 0 else min(1.0, state.best_busy / b)
-            excess = b - others
-            slow = relative < self.settings.slow_score and excess >= self.settings.min_excess * wall_median
-            data_excess = (r["data_s"] or 0.0) - _median_without(data, r["data_s"] or 0.0)
-            forward_excess = (r["forward_s"] or 0.0) - _median_without(forward, r["forward_s"] or 0.0)
-            slow_in = "data" if data_excess >= forward_excess else "compute"
-            r.update(
-                relative_score=round(relative, 4),
-                individual_score=round(individual, 4),
-                slow=slow,
-                slow_in=slow_in if slow else None,
-            )
-            state.streak = state.streak + 1 if slow else 0
-            state.fast_streak = 0 if slow else state.fast_streak + 1
-            if slow and state.streak == self.settings.slow_checks and not state.alarmed:
-                state.alarmed = True
+        for i in np.flatnonzero(raised | recovered).tolist():
+            rank, row = int(at[i]), int(np.flatnonzero(timed)[i])
+            node, score = c.nodes[row], float(relative[i])
+            if raised[i]:
+                slow_in = "data" if in_data[i] else "compute"
+                component = c.data_s[row] if slow_in == "data" else c.forward_s[row]
+                component_s = None if np.isnan(component) else float(component)
+                reference = _median_without(
+                    sorted((data if slow_in == "data" else forward).tolist()), component_s or 0.0
+                )
                 what = "data loading" if slow_in == "data" else "compute (forward pass)"
-                component = r["data_s"] if slow_in == "data" else r["forward_s"]
-                reference = _median_without(data if slow_in == "data" else forward, component or 0.0)
                 alarms.append(
                     FleetAlarm(
                         **where,
                         kind="straggler",
-                        ranks=(r["rank"],),
-                        node=r["node"],
+                        ranks=(rank,),
+                        node=node,
                         slow_in=slow_in,
-                        relative_score=r["relative_score"],
-                        individual_score=r["individual_score"],
-                        message=f"rank {r['rank']} on node {r['node']} is slow in {what} for "
-                        f"{state.streak} checks: {_ms(component)} against the other ranks' "
-                        f"{_ms(reference)} (straggler score {relative:.2f})",
+                        relative_score=round(score, 4),
+                        individual_score=round(float(individual[i]), 4),
+                        message=f"rank {rank} on node {node} is slow in {what} for {n} checks: "
+                        f"{_ms(component_s)} against the other ranks' {_ms(reference)} (straggler score {score:.2f})",
                     )
                 )
-            elif state.alarmed and state.fast_streak == self.settings.slow_checks:
-                # The same N both ways: one noisy check on a loaded node neither raises nor ends an episode.
-                state.alarmed = False
+            else:
                 alarms.append(
                     FleetAlarm(
                         **where,
                         kind="straggler_recovered",
-                        ranks=(r["rank"],),
-                        node=r["node"],
-                        message=f"rank {r['rank']} on node {r['node']} is no longer slow for "
-                        f"{state.fast_streak} checks (straggler score {relative:.2f})",
+                        ranks=(rank,),
+                        node=node,
+                        message=f"rank {rank} on node {node} is no longer slow for {n} checks "
+                        f"(straggler score {score:.2f})",
                     )
                 )
         return alarms
 
-    def _divergence(self, attempt: int, facts: list[RankFacts], where: dict[str, Any]) -> list[FleetAlarm]:
-        split = _split(facts)
+    def _divergence(self, attempt: int, c: CheckColumns, where: dict[str, Any]) -> list[FleetAlarm]:
+        split = c.split()
         if split is None:
             if self._diverged_in is not None:
                 self._diverged_in = None
@@ -294,11 +372,10 @@ class FleetAnalyzer:
             return []
         self._diverged_in = attempt  # a new attempt that diverges again is alarmed again
         _, odd, (majority, other) = split
-        by_rank = {f.rank: f for f in facts}
-        a, b = by_rank[majority].groups, by_rank[other].groups
+        a, b = c.groups.get(majority, ()), c.groups.get(other, ())
         located = bool(a and b) or not self.groups_on_request
         layer = self._first_difference(attempt, a, b) if located else None
-        nodes = sorted({str(by_rank[r].node) for r in odd})
+        nodes = sorted({str(c.nodes[c.index(r)]) for r in odd})
         at = f", first in {layer}" if layer else ("" if located else " (not located: the group digests did not come)")
         return [
             FleetAlarm(
@@ -323,60 +400,32 @@ class FleetAnalyzer:
                 return _layer(first) if first == last else f"one of {first} ... {last}"
         return None
 
-    def _nonfinite_alarm(self, facts: list[RankFacts], where: dict[str, Any]) -> list[FleetAlarm]:
-        by_loss = [f for f in facts if f.nonfinite_loss]
-        by_grad = [f for f in facts if f.nonfinite_layers]
-        culprits = by_loss or by_grad
+    def _nonfinite_alarm(self, c: CheckColumns, where: dict[str, Any]) -> list[FleetAlarm]:
+        by_loss = c.rank[c.nonfinite_loss].tolist()
+        culprits = by_loss or sorted(c.layers)
         if not culprits:
             self._nonfinite_in = None
             return []
         if self._nonfinite_in == where["attempt"]:
             return []
         self._nonfinite_in = where["attempt"]  # a new attempt with the fault back is alarmed again
-        ranks = sorted(f.rank for f in culprits)
-        layers = list(next((f.nonfinite_layers for f in culprits if f.nonfinite_layers), ()))
+        layers = list(next((c.layers[r] for r in culprits if c.layers.get(r)), ()))
         source = "loss" if by_loss else "gradients"
-        nodes = sorted({str(f.node) for f in culprits})
+        nodes = sorted({str(c.nodes[c.index(r)]) for r in culprits})
         detail = f"; non-finite gradients in {', '.join(layers)}" if layers else ""
-        everyone = " (every rank)" if len(ranks) == len(facts) and len(facts) > 1 else ""
+        everyone = " (every rank)" if len(culprits) == len(c) and len(c) > 1 else ""
         return [
             FleetAlarm(
                 **where,
                 kind="nonfinite",
-                ranks=tuple(ranks),
+                ranks=tuple(culprits),
                 node=",".join(nodes),
                 source=source,
                 layer=layers[0] if layers else None,
                 layers=tuple(layers),
-                message=f"non-finite {source} on rank(s) {ranks}{everyone} at step {where['run_step']}{detail}",
+                message=f"non-finite {source} on rank(s) {culprits}{everyone} at step {where['run_step']}{detail}",
             )
         ]
-
-
-@dataclass
-class _Held:
-    """A complete check held back: its divergence waits for parameter-group digests, or a check
-    before it does (checks are evaluated in order)."""
-
-    facts: list[RankFacts]
-    by_rank: dict[int, RankFacts] = field(init=False)
-    given_up: bool = False  # evaluated without the digests that did not come
-
-    def __post_init__(self) -> None:
-        self.by_rank = {f.rank: f for f in self.facts}
-
-
-def _split(facts: list[RankFacts]) -> tuple[str | None, list[int], tuple[int, int]] | None:
-    """(the majority's digest, the other ranks, (a rank of the majority, the first other)) when
-    the digests differ; None when they agree. On a tie, rank 0's digest is the majority's."""
-    groups: dict[str | None, list[int]] = {}
-    for f in facts:
-        groups.setdefault(f.digest, []).append(f.rank)
-    if len(groups) <= 1:
-        return None
-    majority = max(groups, key=lambda d: (len(groups[d]), 0 in groups[d]))
-    odd = sorted(r for d, ranks in groups.items() if d != majority for r in ranks)
-    return majority, odd, (groups[majority][0], odd[0])
 
 
 def hang_alarm(attempt: int, error: str, ranks: list[int]) -> FleetAlarm:
@@ -404,17 +453,8 @@ def unreadable_alarm(attempt: int, rank: int, check: int, error: str) -> FleetAl
     )
 
 
-def _busy(row: dict[str, Any]) -> float | None:
-    data, forward = row.get("data_s"), row.get("forward_s")
-    if data is None and forward is None:
-        return None
-    return (data or 0.0) + (forward or 0.0)
-
-
 def _median_without(sorted_values: list[float], value: float) -> float:
     """The median of `sorted_values` with one occurrence of `value` left out, in O(log n)."""
-    import bisect
-
     n = len(sorted_values)
     if n <= 1:
         return value
@@ -427,8 +467,18 @@ def _median_without(sorted_values: list[float], value: float) -> float:
     return rest(m // 2) if m % 2 else (rest(m // 2 - 1) + rest(m // 2)) / 2
 
 
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
+def _medians_without(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`_median_without(sorted_values, v)` for every v of `values` (each one of `sorted_values`), at once."""
+    n = len(sorted_values)
+    if n <= 1:
+        return values.astype(float)
+    p = np.searchsorted(sorted_values, values, side="left")
+
+    def rest(i: int) -> np.ndarray:  # element i of the list without position p, for each p
+        return np.where(i < p, sorted_values[i], sorted_values[i + 1])
+
+    m = n - 1
+    return rest(m // 2) if m % 2 else (rest(m // 2 - 1) + rest(m // 2)) / 2
 
 
 def _layer(param: str) -> str:

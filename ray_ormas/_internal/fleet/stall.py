@@ -88,6 +88,14 @@ class StallWatch:
         elif check == self._check:
             self._reached.add(rank)
 
+    def reached_all(self, attempt: int, ranks: list[int], check: int, now: float, step: int | None = None) -> None:
+        """`reached` for several ranks at once (a node's relay sends them together)."""
+        if not ranks:
+            return
+        self.reached(attempt, ranks[0], check, now, step)
+        if attempt == self._attempt and check == self._check:
+            self._reached.update(ranks)
+
     def warming_up(self) -> bool:
         """Whether no rank has passed the attempt's first check yet (see the module docstring)."""
         return self._first_check is not None and self._check == self._first_check

@@ -1,8 +1,9 @@
 """A rank's fleet facts in 49 bytes: what a node's relay sends the head for each of its ranks.
 
-Pure Python (struct), no Ray, no torch. The node's relay (node/fleet_relay.py) packs the
-`RankFacts` its ranks hand it; the run ledger (head/ledger.py) unpacks them for the analysis,
-which reads the same `RankFacts` as ever. Fixed width, little-endian:
+No Ray, no torch (struct, and numpy's view of the same rows). The node's relay
+(node/fleet_relay.py) packs the `RankFacts` its ranks hand it and sends a check's rows as one
+`bytes`; the head's analysis reads them as columns (`ROW_DTYPE`, fleet/check_columns.py), or one
+rank's back as `RankFacts` (`unpack`). Fixed width, little-endian:
 
     rank u32 | check u32 | step i64 | data_s, forward_s, wall_s f32 | loss f64 |
     timed_steps, forwards u16 | flags u8 | digest 8 bytes
@@ -22,11 +23,28 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
+
+import numpy as np
 
 from ray_ormas._internal.fleet.facts import RankFacts
 
 ROW = struct.Struct("<IIqfffdHHB8s")  # 49 bytes
+ROW_DTYPE = np.dtype(  # the same row, as numpy reads many at once (tests/test_fleet_wire.py: alike)
+    [
+        ("rank", "<u4"),
+        ("check", "<u4"),
+        ("step", "<i8"),
+        ("data_s", "<f4"),
+        ("forward_s", "<f4"),
+        ("wall_s", "<f4"),
+        ("loss", "<f8"),
+        ("timed_steps", "<u2"),
+        ("forwards", "<u2"),
+        ("flags", "u1"),
+        ("digest", "<u8"),
+    ]
+)
 LOSS, NONFINITE_LOSS, DIGEST = 1, 2, 4  # flags
 _U16 = 0xFFFF
 _NAN = float("nan")
@@ -82,7 +100,7 @@ def pack(facts: RankFacts) -> tuple[bytes, dict[str, Any] | None]:
     return row, extras or None
 
 
-def unpack(row: bytes, intro: Intro | None, extras: dict[str, Any] | None) -> RankFacts:
+def unpack(row: bytes, intro: Intro | None, extras: Mapping[str, Any] | None) -> RankFacts:
     """The `RankFacts` of a packed row (timings as float32 kept them), with its rank's intro."""
     rank, check, step, data, forward, wall, loss, timed, forwards, flags, digest = ROW.unpack(row)
     extras = extras or {}
@@ -103,6 +121,12 @@ def unpack(row: bytes, intro: Intro | None, extras: dict[str, Any] | None) -> Ra
         digest=digest.hex() if flags & DIGEST else extras.get("digest"),
         group_names=intro.group_names if intro else None,
     )
+
+
+def rows_at(packed: bytes) -> tuple[int, int, list[int]]:
+    """(the check, its step, the ranks) of a node's rows at one check, packed one after another."""
+    rows = list(ROW.iter_unpack(packed))
+    return (rows[0][1], rows[0][2], [row[0] for row in rows]) if rows else (-1, 0, [])
 
 
 def as_sent(facts: RankFacts) -> RankFacts:

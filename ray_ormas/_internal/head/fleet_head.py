@@ -1,8 +1,11 @@
 """Fleet health on the head node: where every rank's facts go, inside the run ledger actor.
 
-    rank r      RankProbe.checked -> ledger.fleet_facts.remote(token, facts)     (never awaited)
-    ledger      FleetHead.analyse -> FleetAnalyzer (fleet/analysis.py): scores and alarms once a check is
-                                     complete (on the ledger's event loop: quick)
+    rank r      RankProbe.checked -> its node's relay (node/fleet_relay.py), its group's leader, then
+                                     ledger.fleet_batch(rows): FleetHead.analyse_rows; or, before the
+                                     relay has started, ledger.fleet_facts(facts): FleetHead.analyse
+                                     (never awaited by the loop)
+    ledger      FleetAnalyzer (fleet/analysis.py): scores and alarms once a check is complete, on numpy
+                                     columns (on the ledger's event loop: quick)
                 FleetHead.conclude-> the policy, then the fleet record (record/fleet_record.py), one log
                                      line per alarm, Ray's metrics (head/fleet_metrics.py), the fit's MLflow
                                      writer, the actions (in a thread of its own when a policy or an action
@@ -26,23 +29,25 @@ Hooks relied on: the ledger's actor calls (head/ledger.py) and what the modules 
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from ray_ormas._internal.common.fleet_records import FleetAlarm, FleetLine, Order, RankRow
+from ray_ormas._internal.common.fleet_records import FleetAlarm, FleetLine, Order
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import CheckOutcome, FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.stall import StallWatch
+from ray_ormas._internal.fleet.wire import Intro, rows_at
 from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
 from ray_ormas._internal.head.fleet_actions import FleetActions
 from ray_ormas._internal.head.node_eviction import GroupShape
 from ray_ormas._internal.head.policy_runner import PolicyRunner
 from ray_ormas._internal.head.rank_stacks import RankHandle
-from ray_ormas._internal.record.check_summaries import RowSampler, check_summary
+from ray_ormas._internal.record.check_summaries import RowSampler
 from ray_ormas._internal.record.fleet_record import (
     FLEET_RECORD_VERSION,
     FleetRecordWriter,
@@ -88,12 +93,20 @@ class CompleteCheck:
     outcome: CheckOutcome | None
     time: float
 
+    def where(self) -> dict[str, Any]:
+        """The check's place, as each of its lines in the fleet record starts."""
+        o = self.outcome
+        if o is None:
+            return {}
+        return {"attempt": o.attempt, "check": o.check, "step": o.step, "run_step": o.run_step, "time": self.time}
+
     def record_lines(self) -> list[dict[str, Any]]:
-        """Its rows as the fleet record's `checks.jsonl` lines: where, then each rank's row."""
+        """Its rows as the fleet record's `checks` lines: where, then each rank's row (made
+        from the columns here: only for the checks the record keeps every row of)."""
         o = self.outcome
         if o is None:
             return []
-        where = {"attempt": o.attempt, "check": o.check, "step": o.step, "run_step": o.run_step, "time": self.time}
+        where = self.where()
         return [{**where, **row.to_line()} for row in o.ranks]
 
 
@@ -262,6 +275,26 @@ class FleetHead:
         finally:
             self._head_s += time.thread_time() - started
 
+    def analyse_rows(
+        self, attempt: int, packed: bytes, extras: Mapping[int, Mapping[str, Any]], intros: Mapping[int, Intro]
+    ) -> CompleteCheck | None:
+        """A node's packed rows at one check (its relay's `fleet_batch`): as `analyse`, for them all."""
+        started = time.thread_time()
+        try:
+            with self._lock:
+                check, step, ranks = rows_at(packed)
+                self._stall.reached_all(attempt, ranks, check, time.monotonic(), step)
+                for rank, intro in intros.items():  # a hang alarm names the stuck ranks' nodes
+                    if intro.node is not None:
+                        self._nodes[(attempt, rank)] = intro.node
+                outcome = self._analyzer.add_rows(attempt, packed, extras, intros, (check, ranks))
+                return None if outcome is None else self._completed(outcome)
+        except Exception as e:  # malformed rows must not take the ledger down
+            logger.warning("fleet: could not use a relay's rows (%s: %s)", type(e).__name__, e)
+            return CompleteCheck(None, time.time())
+        finally:
+            self._head_s += time.thread_time() - started
+
     def _completed(self, outcome: CheckOutcome) -> CompleteCheck:
         """A check's outcome, stamped and counted (under the lock)."""
         now = round(time.time(), 3)
@@ -269,7 +302,9 @@ class FleetHead:
         self._last_run_step = outcome.run_step
         self._complete += 1
         if self._actions is not None:
-            self._actions.checked(outcome.attempt, outcome.run_step, self._clean(outcome.ranks))
+            self._actions.checked(
+                outcome.attempt, outcome.run_step, outcome.columns.clean(self._analyzer.compare_digests)
+            )
         return CompleteCheck(outcome, now)
 
     def conclude(self, check: CompleteCheck) -> None:
@@ -284,16 +319,11 @@ class FleetHead:
                 alarms = list(outcome.alarms)
                 if self._policy is not None:
                     alarms += self._policy.consult(outcome, (*self._alarms_seen, *alarms), check.time)
-                self._emit(check.record_lines(), alarms, outcome.loss_mean, settle=True)
+                self._emit(check, alarms, settle=True)
             except Exception as e:  # a malformed fact must not take the ledger down
                 logger.warning("fleet: could not conclude a check (%s: %s)", type(e).__name__, e)
             finally:
                 self._head_s += time.thread_time() - started
-
-    def _clean(self, ranks: list[RankRow]) -> bool:
-        """Every loss finite and, where replicas are compared, one digest."""
-        digests = {r.digest for r in ranks} if self._analyzer.compare_digests else set()
-        return len(digests) <= 1 and not any(r.nonfinite for r in ranks)
 
     def order_for(self, attempt: int) -> Order | None:
         """The order the ranks of `attempt` carry out at their next check, if an action gave one."""
@@ -359,7 +389,7 @@ class FleetHead:
         """A rank's facts could not be read: an alarm that names it (in the fleet record, one
         warning, the fit's fleet summary), since the checks it misses cannot be analyzed."""
         self._unreadable.add(attempt)
-        self._emit([], [replace(unreadable_alarm(attempt, rank, check, error), run_step=self._last_run_step)], None)
+        self._emit(None, [replace(unreadable_alarm(attempt, rank, check, error), run_step=self._last_run_step)])
 
     def worker_errors(self, attempt: int, per_rank: dict[int, str]) -> None:
         """A failed attempt's errors: an NCCLHangError (Ray's hang detector) becomes an alarm."""
@@ -373,7 +403,7 @@ class FleetHead:
         if self._hangs_seen and not ranks:
             return  # the same hang, seen again as the fit's own error
         self._hangs_seen = True
-        self._emit([], [replace(hang_alarm(attempt, error, ranks), run_step=self._last_run_step)], None)
+        self._emit(None, [replace(hang_alarm(attempt, error, ranks), run_step=self._last_run_step)])
 
     def meeting(self, kind: str) -> None:
         """A rank arrived at a report's meeting ("final": its loop has ended)."""
@@ -394,21 +424,28 @@ class FleetHead:
                     step = alarm.step
                     at = self._last_run_step if step is None else self._analyzer.run_step(attempt, step)
                     nodes = sorted({self._nodes[(attempt, r)] for r in alarm.ranks if (attempt, r) in self._nodes})
-                    self._emit([], [replace(alarm, run_step=at, node=alarm.node or ",".join(nodes) or None)], None)
+                    self._emit(None, [replace(alarm, run_step=at, node=alarm.node or ",".join(nodes) or None)])
             except Exception as e:  # the watch must never take the ledger down
                 logger.warning("fleet: the hang watch stopped (%s: %s)", type(e).__name__, e)
                 return
 
-    def _emit(
-        self, lines: list[dict[str, Any]], alarms: list[FleetAlarm], loss_mean: float | None, settle: bool = False
-    ) -> None:
-        """A check's rows and alarms, or alarms alone: to the record, the console, Ray's metrics,
-        MLflow, and the actions; `settle`: the caller may wait for an evict's order (a check's
-        conclusion, in a thread of its own), never under the lock."""
+    def _emit(self, check: CompleteCheck | None, alarms: list[FleetAlarm], settle: bool = False) -> None:
+        """A check's summary, rows and alarms, or alarms alone (`check` None): to the record, the
+        console, Ray's metrics, MLflow, and the actions; `settle`: the caller may wait for an
+        evict's order (a check's conclusion, in a thread of its own), never under the lock. Each
+        rank's row is made only when the record keeps it, or Ray's metrics show it."""
         evicting = []
         alarm_lines = [a.to_line() for a in alarms]
+        outcome = check.outcome if check is not None else None
         with self._lock:
-            summaries, rows = self._sampler.take(lines, check_summary(lines) if lines else {}, bool(alarms))
+            summary: dict[str, Any] | None = None
+            lines: Callable[[], list[dict[str, Any]]] = list
+            if check is not None and outcome is not None:
+                summary = outcome.columns.summary(check.where())
+                lines = functools.lru_cache(maxsize=1)(check.record_lines)  # made once, if at all
+                summaries, rows = self._sampler.take(outcome.check, len(outcome.columns), lines, summary, bool(alarms))
+            else:
+                summaries, rows = self._sampler.take(None, 0, lines, {}, bool(alarms))
             self._record.append("summaries", summaries)
             self._record.append("checks", rows)
             self._record.append("alarms", alarm_lines, urgent=True)
@@ -418,7 +455,8 @@ class FleetHead:
             if self._actions is not None and alarms:
                 evicting = self._actions.on_alarms(alarms)  # one decision for the check: the most severe
             if self._gauges is not None:
-                self._gauges.update(lines, loss_mean, alarm_lines)
+                per_rank = lines() if summary is not None and summary["ranks"] <= self._gauges.per_rank_up_to else []
+                self._gauges.update(per_rank, outcome.loss_mean if outcome else None, alarm_lines, summary)
             if self._tracking is not None:
                 entries = mlflow_entries(rows, alarm_lines, self._spec.settings.mlflow_ranks, summaries=summaries)
                 self._tracking.fleet(entries)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from ray_ormas._internal.common.logs import get_logger
-from ray_ormas._internal.record.check_summaries import SUMMARISED, number, quantiles
+from ray_ormas._internal.record.check_summaries import QUANTILES, SUMMARISED, check_summary
 
 logger = get_logger("ray_ormas.fleet")
 
@@ -59,21 +59,31 @@ ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an ac
 Sample = tuple[str, float, dict[str, str]]  # (metric, value, tags)
 
 
-def check_samples(run: str, ranks: list[dict[str, Any]], loss_mean: float | None, per_rank_up_to: int) -> list[Sample]:
-    """What one complete check sets: the per-run summaries, and the per-rank series when there are
-    at most `per_rank_up_to` ranks (`ranks`: the check's rows, as `checks.jsonl` has them)."""
+def check_samples(
+    run: str,
+    ranks: list[dict[str, Any]],
+    loss_mean: float | None,
+    per_rank_up_to: int,
+    summary: dict[str, Any] | None = None,
+) -> list[Sample]:
+    """What one complete check sets: the per-run summaries (from `summary`, the check's row of
+    the fleet record's `summaries`, or made from `ranks`), and the per-rank series when there are
+    at most `per_rank_up_to` ranks (`ranks`: the check's rows, as the `checks` table has them;
+    not needed above)."""
+    if summary is None:
+        summary = check_summary(ranks)
     samples: list[Sample] = []
     for value in SUMMARISED:
-        for q, found in quantiles([float(r[value]) for r in ranks if number(r.get(value))]):
-            samples.append((QUANTILE, found, {"run": run, "value": value, "q": q}))
-    samples.append((SLOW, float(sum(1 for r in ranks if r.get("slow"))), {"run": run}))
-    scored = [r for r in ranks if number(r.get("relative_score"))]
-    if scored:
-        worst = min(scored, key=lambda r: (r["relative_score"], r["rank"]))
-        samples.append((WORST, float(worst["rank"]), {"run": run}))
+        for q, _ in QUANTILES:
+            found = summary.get(f"{value}_{q}")
+            if found is not None:
+                samples.append((QUANTILE, float(found), {"run": run, "value": value, "q": q}))
+    samples.append((SLOW, float(summary.get("slow_count") or 0), {"run": run}))
+    if summary.get("worst_rank") is not None:
+        samples.append((WORST, float(summary["worst_rank"]), {"run": run}))
     if loss_mean is not None:
         samples.append((LOSS, loss_mean, {"run": run, "rank": "mean"}))
-    if len(ranks) > per_rank_up_to:
+    if summary["ranks"] > per_rank_up_to:
         return samples
     for r in ranks:
         rank, node = str(r["rank"]), str(r.get("node"))
@@ -137,11 +147,24 @@ class FleetGauges:
         except Exception as e:  # telemetry never breaks training
             self._say(e)
 
-    def update(self, ranks: list[dict[str, Any]], loss_mean: float | None, alarms: list[dict[str, Any]]) -> None:
-        """One complete check's rows (or none: alarms alone) and its alarms."""
+    @property
+    def per_rank_up_to(self) -> int:
+        """Up to this many ranks, a series per rank (`FleetSettings.metrics_ranks`)."""
+        return self._per_rank_up_to
+
+    def update(
+        self,
+        ranks: list[dict[str, Any]],
+        loss_mean: float | None,
+        alarms: list[dict[str, Any]],
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """One complete check's summary and rows (the rows needed only up to `per_rank_up_to`
+        ranks; none and no summary: alarms alone) and its alarms."""
         try:
-            if ranks:
-                for metric, value, tags in check_samples(self._run, ranks, loss_mean, self._per_rank_up_to):
+            if ranks or summary is not None:
+                samples = check_samples(self._run, ranks, loss_mean, self._per_rank_up_to, summary)
+                for metric, value, tags in samples:
                     self._gauges[metric].set(value, tags=tags)
             for a in alarms:
                 self._alarms.inc(1, tags={"run": self._run, "kind": a["kind"]})

@@ -52,8 +52,8 @@ import ray
 from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
-from ray_ormas._internal.fleet.wire import ROW, Intro, unpack
-from ray_ormas._internal.node.fleet_relay import start_relay
+from ray_ormas._internal.fleet.wire import Intro, rows_at
+from ray_ormas._internal.node.fleet_relay import GROUP_NODES, start_relay
 
 KEEP_COMPLETED = 64  # the complete checks a late waiter can still find
 ORDER_WAIT_S = 5.0  # the longest a rank's facts wait for the other ranks' before the answer goes back
@@ -116,7 +116,6 @@ class Ledger:
         self._changes: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): complete, or held for digests
         self._relays: dict[str, dict[str, Any]] = {}  # attempt token -> node id -> its fleet relay
         self._completed: dict[tuple[int, int], None] = {}  # the last KEEP_COMPLETED complete checks, in order
-        self._intros: dict[tuple[int, int], Intro] = {}  # (attempt, rank) -> what its packed rows leave out
 
     def alive(self) -> bool:
         """For the MLflow host (head/mlflow_host.py), which drops the writer of a ledger that died."""
@@ -149,36 +148,32 @@ class Ledger:
             return None
         attempt = self.begin_attempt(token)
         self._fleet.count("rank_calls")
-        await self._fleet_analyse(attempt, facts)
+        await self._fleet_concluded(attempt, facts.check, self._fleet.analyse(attempt, facts))
         if not self._fleet.acts:
             return None
         await self._fleet_wait(attempt, facts.check, set())
         return self._fleet.order_for(attempt)
 
     async def fleet_batch(
-        self, token: str, rows: list[tuple[bytes, dict[str, Any] | None]], intros: dict[int, Intro]
+        self, token: str, rows: bytes, extras: dict[int, dict[str, Any]], intros: dict[int, Intro]
     ) -> tuple[Order | None, tuple[int, ...]]:
-        """The facts of a node's ranks at one check, packed by the node's relay (fleet/wire.py;
-        `intros`: the ranks seen for the first time this attempt). Answers once the check is
-        complete (at most ORDER_WAIT_S later) with the attempt's order (as `fleet_facts`) and ();
-        or, as soon as the head holds the check for a divergence, with None and the ranks of this
-        batch whose parameter-group digests locate it: the relay sends them (`fleet_groups`),
-        whose answer is the order."""
+        """The facts of a node's ranks at one check, packed by the node's relay (fleet/wire.py:
+        the rows one after another; `extras` by rank; `intros`: the ranks seen for the first time
+        this attempt). Answers once the check is complete (at most ORDER_WAIT_S later) with the
+        attempt's order (as `fleet_facts`) and (); or, as soon as the head holds the check for a
+        divergence, with None and the ranks of this batch whose parameter-group digests locate
+        it: the relay sends them (`fleet_groups`), whose answer is the order."""
         if self._fleet is None:
             return None, ()
         attempt = self.begin_attempt(token)
         self._fleet.groups_on_request()
+        check, _, ranks = rows_at(rows)
         self._fleet.count("relay_messages")
-        self._fleet.count("relay_rows", len(rows))
-        for rank, intro in intros.items():
-            self._intros[(attempt, rank)] = intro
-        check: int | None = None
-        ranks: set[int] = set()
-        for row, extras in rows:
-            facts = unpack(row, self._intros.get((attempt, ROW.unpack_from(row)[0])), extras)
-            await self._fleet_analyse(attempt, facts)
-            check, ranks = facts.check, ranks | {facts.rank}
-        wanted = () if check is None else await self._fleet_wait(attempt, check, ranks)
+        self._fleet.count("relay_rows", len(ranks))
+        if not ranks:
+            return self._fleet.order_for(attempt), ()
+        await self._fleet_concluded(attempt, check, self._fleet.analyse_rows(attempt, rows, extras, intros))
+        wanted = await self._fleet_wait(attempt, check, set(ranks))
         return (None, wanted) if wanted else (self._fleet.order_for(attempt), ())
 
     async def fleet_groups(self, token: str, check: int, groups: dict[int, tuple[str, ...]]) -> Order | None:
@@ -196,11 +191,14 @@ class Ledger:
         """The fleet relay of node `node_id` for attempt `token` (node/fleet_relay.py), started at
         the first rank's asking. It serves its attempt only: the ledger ends it when the attempt's
         worker group fails or the next attempt begins (`_end_relays`), so a node the fleet evicts
-        or Ray drains keeps nothing of the run."""
+        or Ray drains keeps nothing of the run. Every GROUP_NODES-th relay started leads the ones
+        started after it up to the next: they send it their rows, it sends them to the ledger."""
         self.begin_attempt(token)
         relays = self._relays.setdefault(token, {})
         if node_id not in relays:
-            relays[node_id] = start_relay(ray.get_runtime_context().current_actor, node_id)
+            started = list(relays.values())
+            leader = started[len(started) - len(started) % GROUP_NODES] if len(started) % GROUP_NODES else None
+            relays[node_id] = start_relay(ray.get_runtime_context().current_actor, node_id, leader)
         return relays[node_id]
 
     def _end_relays(self, keep: str | None = None) -> None:
@@ -210,14 +208,14 @@ class Ledger:
                 with contextlib.suppress(Exception):  # already gone with its node
                     ray.kill(relay, no_restart=True)
 
-    async def _fleet_analyse(self, attempt: int, facts: RankFacts) -> None:
-        """One rank's facts analysed, and the check concluded when they complete it."""
+    async def _fleet_concluded(self, attempt: int, number: int, complete: CompleteCheck | None) -> None:
+        """Check `number`, just analysed: concluded when it is complete (`complete`), its
+        waiters told when it is held (they may be asked for group digests)."""
         assert self._fleet is not None
-        check = self._fleet.analyse(attempt, facts)
-        if check is not None:
-            await self._conclude(attempt, [check], facts.check)
-        elif self._fleet.held(attempt, facts.check):  # its waiters may be asked for group digests
-            self._changed(attempt, facts.check)
+        if complete is not None:
+            await self._conclude(attempt, [complete], number)
+        elif self._fleet.held(attempt, number):
+            self._changed(attempt, number)
 
     async def _conclude(self, attempt: int, checks: list[CompleteCheck], check: int | None = None) -> None:
         """Complete checks concluded in order (off the event loop when that can be slow: a

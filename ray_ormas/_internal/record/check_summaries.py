@@ -1,9 +1,10 @@
 """A complete check in a few hundred bytes, whatever the number of ranks, and which checks keep
 every rank's row.
 
-Pure Python, no Ray, no torch: the head (head/fleet_head.py) calls it once per complete check with
-the check's rows (`checks` lines: where, then each rank's row), and Ray's metrics
-(head/fleet_metrics.py) share its quantiles.
+Pure Python, no Ray, no torch. The head (head/fleet_head.py) makes each complete check's summary
+from its columns (fleet/check_columns.py, the same row as `check_summary`'s), and Ray's metrics
+(head/fleet_metrics.py) share its quantiles; `check_summary` makes it from a check's lines (a
+version-1 record, read back).
 
 * `check_summary`: one row per check for the fleet record's `summaries` table: the number of
   ranks, the fleet's and rank 0's loss, the quantiles (min, p10, p50, p90, max) of every timing
@@ -26,7 +27,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 SUMMARISED = ("relative_score", "individual_score", "data_s", "forward_s", "wall_s", "loss")
 QUANTILES = (("min", 0.0), ("p10", 0.1), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
@@ -85,42 +86,45 @@ def check_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+Lines = Callable[[], list[dict[str, Any]]]  # a check's rows, made when asked
+
+
 @dataclass
 class RowSampler:
     """Which checks keep every rank's row (see the module docstring). Not thread-safe: the head
-    calls it under its lock, one check at a time."""
+    calls it under its lock, one check at a time. A check's rows are made (`lines()`) only when
+    they are kept."""
 
     record_ranks: int
     every: int
-    _held: deque[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=deque)
+    _held: deque[tuple[dict[str, Any], Lines]] = field(default_factory=deque)
     _after: int = 0  # checks after an alarm still to keep
 
     def take(
-        self, lines: list[dict[str, Any]], summary: dict[str, Any], alarmed: bool
+        self, check: int | None, ranks: int, lines: Lines, summary: dict[str, Any], alarmed: bool
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """This check's summary and rows: (the summaries, the rows) the record writes now. A
-        check held back (in case an alarm follows) is written when it is kept or let go; its
-        summary's `full_rows` says which."""
-        if not lines:  # an alarm between checks (a hang): keep what is held and the next checks
+        """This check's summary and rows (`check` None: alarms between checks, a hang): (the
+        summaries, the rows) the record writes now. A check held back (in case an alarm follows)
+        is written when it is kept or let go; its summary's `full_rows` says which."""
+        if check is None:  # an alarm between checks (a hang): keep what is held and the next checks
             if not alarmed:
                 return [], []
             self._after = AROUND_ALARM
             kept = list(self._held)
             self._held.clear()
-            return [{**s, "full_rows": True} for s, _ in kept], [row for _, rows in kept for row in rows]
-        check = int(lines[0].get("check") or 0)
-        if len(lines) <= self.record_ranks:
-            return self._release() + [{**summary, "full_rows": True}], lines
+            return [{**s, "full_rows": True} for s, _ in kept], [row for _, rows in kept for row in rows()]
+        if ranks <= self.record_ranks:
+            return self._release() + [{**summary, "full_rows": True}], lines()
         if alarmed:
             self._after = AROUND_ALARM
             kept = list(self._held)
             self._held.clear()
             summaries = [{**s, "full_rows": True} for s, _ in kept] + [{**summary, "full_rows": True}]
-            return summaries, [row for _, rows in kept for row in rows] + lines
+            return summaries, [row for _, rows in kept for row in rows()] + lines()
         keep = check == 0 or check % max(1, self.every) == 0 or self._after > 0
         self._after = max(0, self._after - 1)
         if keep:
-            return self._release() + [{**summary, "full_rows": True}], lines
+            return self._release() + [{**summary, "full_rows": True}], lines()
         self._held.append((summary, lines))
         return (self._release(keep_last=AROUND_ALARM), [])
 

@@ -30,6 +30,7 @@ Hooks relied on: `RecordStore` (pyarrow.fs), `pyarrow.parquet` (record/fleet_tab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import posixpath
@@ -162,6 +163,7 @@ class FleetRecordWriter:
             )
 
     def _uploader(self) -> None:
+        _warm_arrow()
         while not self._closed:
             urgent = self._urgent.wait(UPLOAD_EVERY_S)
             self._urgent.clear()
@@ -362,8 +364,9 @@ class FleetSummary:
             (rank -> text), oldest first.
         messages: what reached the head, counted while the fit ran (empty when read back from
             storage): `relay_rows` (ranks' facts that came through their node's relay),
-            `relay_messages` (the relays' calls: one per node per check, and one more from a node
-            asked for group digests), `rank_calls` (facts a rank sent the head itself: before its
+            `relay_messages` (the relays' calls: one per group of 32 nodes per check, and at a
+            divergence one more from each node asked for group digests and one for the rest of
+            its group), `rank_calls` (facts a rank sent the head itself: before its
             node's relay had started).
     """
 
@@ -536,3 +539,11 @@ def mlflow_entries(
             done = 0.0 if line.get("action") == "log" else 1.0
             out.append((f"fleet/actions/{line['alarm']}", done, int(line.get("run_step") or 0)))
     return out
+
+
+def _warm_arrow() -> None:
+    """Arrow's first conversion from Python imports its pandas shim (about a second of CPU, the
+    GIL held): done as the writer starts, so the first part, written while checks come, does not
+    starve the ledger's event loop."""
+    with contextlib.suppress(Exception):  # only a warm-up
+        pa.Table.from_pylist([{"warm": 0}])
