@@ -1,4 +1,4 @@
-"""The compact path of fleet facts, without Ray: 49 bytes per rank per check, one message per node,
+"""The compact path of fleet facts: 49 bytes per rank per check, one message per group of nodes,
 the parameter-group digests only when the head asks, and the same alarms as the facts sent whole.
 
 A recorded fleet (made here: 16 ranks on 4 nodes, a rank slow in data loading, a replica changed
@@ -6,7 +6,9 @@ outside DDP in one parameter group, a NaN loss on one rank with a layer's non-fi
 replayed through the run ledger (head/ledger.py, in-process) twice: each rank's whole facts
 (`fleet_facts`, the path before the relays), and each node's packed rows (`fleet_batch`, as a
 node's relay sends them, node/fleet_relay.py) with the group digests sent when the answer asks
-(`fleet_groups`). The real relays carry every fit of the suite with fleet health on.
+(`fleet_groups`). Once more through real Ray actors (the session's cluster): a run ledger and
+four relays grouped under a leader, as a fit's ledger arranges them; the real relays also carry
+every fit of the suite with fleet health on.
 """
 
 from __future__ import annotations
