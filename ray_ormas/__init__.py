@@ -58,11 +58,15 @@ _WHERE = {
     "open_records": "_internal.record.reader",
     "RecordStore": "_internal.record.store",
     "FleetSummary": "_internal.record.fleet_record",
+    "GoodputAccount": "_internal.record.goodput",
+    "RestartCost": "_internal.record.goodput",
+    "AttemptGoodput": "_internal.record.goodput",
     # errors
     **{name: "errors" for name in errors.__all__},
 }
 
 __all__ = [
+    "AttemptGoodput",
     "BatchSize",
     "CheckpointError",
     "CheckpointNotFoundError",
@@ -74,6 +78,7 @@ __all__ = [
     "FleetStopError",
     "FleetView",
     "FleetSummary",
+    "GoodputAccount",
     "JournalError",
     "MLflowSettings",
     "MissingExtraError",
@@ -91,6 +96,7 @@ __all__ = [
     "RaySeamChanged",
     "RecordStorageError",
     "RecordStore",
+    "RestartCost",
     "RunRecords",
     "Segment",
     "StoragePathError",
@@ -132,6 +138,7 @@ if TYPE_CHECKING:
     from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
     from ray_ormas._internal.driver.trainer import RayOrmasTrainer
     from ray_ormas._internal.record.fleet_record import FleetSummary
+    from ray_ormas._internal.record.goodput import AttemptGoodput, GoodputAccount, RestartCost
     from ray_ormas._internal.record.reader import RunRecords, Segment, open_records
     from ray_ormas._internal.record.store import RecordStore
     from ray_ormas._internal.worker.api import batch_size, monitor, prepare_model, report

@@ -20,7 +20,15 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     (
         "The trainer and what `fit()` returns",
         "On the driver: `RayOrmasTrainer(...).fit()` returns Ray's `Result` with `.ormas`.",
-        ["RayOrmasTrainer", "RayOrmasResult", "OrmasRun", "FleetSummary"],
+        [
+            "RayOrmasTrainer",
+            "RayOrmasResult",
+            "OrmasRun",
+            "FleetSummary",
+            "GoodputAccount",
+            "RestartCost",
+            "AttemptGoodput",
+        ],
     ),
     (
         "Settings",

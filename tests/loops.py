@@ -6,6 +6,7 @@ Each loop uses the public worker API exactly as a user would: `ray_ormas.prepare
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,7 +57,8 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     started, in that folder), resume (start from `ray_ormas.load_checkpoint`,
     at its step), ormas_checkpoint (the reports of report_at carry `ray_ormas.save_checkpoint`),
     once_dir (each of the faults nudge, hang, block and nan fires once per fit, whatever attempt
-    reaches its step first: a marker file in that folder says it fired).
+    reaches its step first: a marker file in that folder says it fired), step_log (rank 0's own
+    clock of each step: `log_step`).
     """
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -86,6 +88,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
     if node == config.get("slow_node"):
         config = {**config, "slow_rank": rank}
     for step in range(state.step if state is not None else 0, steps):
+        top = time.time()
         if step == config.get("raise_at") and rank in config.get("raise_ranks", [rank]):
             raise ValueError(f"boom at step {step} on rank {rank}")
         if rank == 0 and step == config.get("kill_server_at"):
@@ -107,6 +110,7 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         if step == config.get("hold_at") and config.get("hold_until"):
             hold_until(config["hold_until"], config.get("hold_timeout_s", 120.0))
         idx = torch.randint(0, len(x), (32,), generator=gen)
+        forward = time.time()
         loss = F.cross_entropy(model(x[idx]), y[idx])
         if step >= config.get("explode_at", 1 << 30):
             loss = loss * 1e4  # gradients 10^4 x their baseline: alarms
@@ -118,8 +122,11 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
         loss.backward()
         if rank == config.get("stall_rank") and step == config.get("stall_at"):
             stall_between_backward_and_check(config["stall_s"])
+        called = time.time()
         mon.step(loss)
+        returned = time.time()
         opt.step()
+        log_step(config, rank, step=step, top=top, forward=forward, called=called, returned=returned, end=time.time())
         if rank == config.get("nudge_rank") and step == config.get("nudge_at") and once("nudge"):
             with torch.no_grad():  # outside DDP: the replicas now differ
                 (net.conv2[0] if isinstance(net, DigitsCNN) else net[0]).weight.add_(1e-3)
@@ -152,6 +159,18 @@ def digits_loop(config: dict[str, Any]) -> dict[str, Any]:
             raise AssertionError(f"close() returned {closed!r} on rank {rank}; expected None")
         out["closed"] = str(closed)
     return out
+
+
+def log_step(config: dict[str, Any], rank: int, **fields: Any) -> None:
+    """With `step_log` (a file): rank 0 appends one JSON line (a step's start and end, or the
+    moment it killed itself), the loop's own clock for the goodput tests."""
+    if rank == 0 and config.get("step_log"):
+        with open(config["step_log"], "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def read_step_log(path: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 class _Once:
@@ -395,9 +414,11 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
     for epoch in range(state.epoch + 1 if state else 0, config.get("epochs", 4)):
         sampler.set_epoch(epoch)
         for xb, yb in loader:
+            top = time.time()
             marker = config.get("kill_marker")
             if rank == config.get("kill_rank") and step == config.get("kill_at") and not os.path.exists(marker):
                 open(marker, "w").close()
+                log_step(config, rank, killed=step, at=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
             if config.get("sleep_per_step"):
                 time.sleep(config["sleep_per_step"])
@@ -412,10 +433,12 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
             loss.backward()
             mon.step(loss)
             opt.step()
+            log_step(config, rank, step=step, top=top, end=time.time())
             if rank == config.get("nudge_rank") and step == config.get("nudge_at") and once("nudge"):
                 with torch.no_grad():  # outside DDP: the replicas now differ
                     net.conv2[0].weight.add_(1e-3)
             step += 1
+        saving = time.time()
         checkpoint = ray_ormas.save_checkpoint(model, opt, epoch=epoch, step=step, sampler=sampler)
         metrics: dict[str, Any] = {"epoch": epoch, "step": step}
         if config.get("extra_metrics"):
@@ -424,6 +447,7 @@ def resume_loop(config: dict[str, Any]) -> dict[str, Any]:
         modes = [modes] if isinstance(modes, str) else modes
         upload = {"checkpoint_upload_mode": ray.train.CheckpointUploadMode[modes[epoch % len(modes)]]} if modes else {}
         ray_ormas.report(metrics, checkpoint=checkpoint, **upload)
+        log_step(config, rank, saved=time.time() - saving)
         if rank == 0 and config.get("storage_check"):
             from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 

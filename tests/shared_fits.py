@@ -4,7 +4,8 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
 
 * `healthy_fit`: the digits CNN under DDP, 24 steps (0.3 s each), a check every 4, a periodic
   report every 2 checks, two checkpointed reports of the loop's own (Ray keeping only the last),
-  the monitor closed in the loop; fleet health and the embedded MLflow store on, as by default,
+  the monitor closed in the loop, rank 0's own clock of each step in `steps.jsonl` (and the
+  driver's of `fit()`, for the goodput tests); fleet health and the embedded MLflow store on, as by default,
   with an experiment, a tag and every checkpoint logged, nested and long params, and a secret in
   the environment that is also a param (what it printed is kept). Read by the DDP tests (the
   record, the reports, the checkpoint pointer, MLflow), the fleet tests (no alarm, replicas
@@ -20,7 +21,8 @@ consequence of it (the suite's budget of fits: docs/contributing.md).
   FAILED with the error, the record's files are its artifacts) and the fleet tests (the NaN is
   named with its rank, step and layer, in the fleet record of a fit that then failed).
 * `killed_and_repaired_fit`: the lesioned CNN repaired, 8 epochs, rank 0 SIGKILLed in epoch 2 and
-  Ray resuming from epoch 1's checkpoint, rank 1 slowed in its data loading. Read by the run
+  Ray resuming from epoch 1's checkpoint, rank 1 slowed in its data loading; rank 0's own clock
+  of each step and of the kill in `steps.jsonl` (the goodput tests). Read by the run
   page's test (the page shows the attempts, ranks and alarms) and the fault-tolerance tests (a
   repair before the worker failure stays in the whole run's facts; the resume is bit-identical
   to that module's uninterrupted run of the same loop, lesion and repair, and its segments link).
@@ -55,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +74,8 @@ from ray.train import (
 
 from ray_ormas import BatchSize, FleetSettings, MLflowSettings, RayOrmasResult, RayOrmasTrainer
 from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
+from ray_ormas._internal.head.goodput_keeper import GOODPUT
+from ray_ormas._internal.head.goodput_keeper import SECONDS as GOODPUT_SECONDS
 
 from .loops import digits_loop, resume_loop, validate_checkpoint, worker_view_loop
 
@@ -93,6 +98,13 @@ class SharedFit(_Run):
 
     result: RayOrmasResult
     printed: str = ""
+    called: float = 0.0  # time.time() right before fit() (the goodput tests), when kept
+    returned: float = 0.0  # ... and right after it returned
+
+    @property
+    def step_log(self) -> Path:
+        """The loop's own clock, when its config had `step_log` (tests/loops.py `log_step`)."""
+        return self.storage / "steps.jsonl"
 
 
 HANG_AFTER_S = 6.0  # busy_fit's hang bound (FleetSettings.hang_after_s): 5x its longest check interval in CI (1.2 s)
@@ -111,11 +123,13 @@ def healthy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Shared
         "opt": {"betas": [0.9, 0.99], "sched": {"warmup": 3}},
         "long": "x" * 7000,
         "api": SECRET,
+        "step_log": str(storage / "steps.jsonl"),
     }
     out, err = io.StringIO(), io.StringIO()
     os.environ["MLFLOW_TRACKING_TOKEN"] = SECRET
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            called = time.time()
             result = RayOrmasTrainer(
                 digits_loop,
                 check_every=4,
@@ -128,9 +142,11 @@ def healthy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Shared
                     name="healthy", storage_path=str(storage), checkpoint_config=CheckpointConfig(num_to_keep=1)
                 ),
             ).fit()
+            returned = time.time()
     finally:
         del os.environ["MLFLOW_TRACKING_TOKEN"]
-    return SharedFit(storage, "healthy", result=result, printed=out.getvalue() + err.getvalue())
+    printed = out.getvalue() + err.getvalue()
+    return SharedFit(storage, "healthy", result=result, printed=printed, called=called, returned=returned)
 
 
 @pytest.fixture(scope="session")
@@ -185,6 +201,7 @@ def killed_and_repaired_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactor
             "kill_marker": str(tmp_path_factory.mktemp("kill-marker") / "killed"),
             "slow_rank": 1,
             "slow_s": 0.04,
+            "step_log": str(storage / "steps.jsonl"),
         },
         repair=True,
         check_every=3,
@@ -214,7 +231,15 @@ def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit
             "stall_s": HANG_AFTER_S * 2.5,
             "explode_at": 150,
             "scrape_to": str(storage / "metrics.txt"),
-            "scrape_until": [ACTIONS_EXPORTED, *EXPORTED.values(), 'action="log"', 'kind="hang"', 'run="busy"'],
+            "scrape_until": [
+                ACTIONS_EXPORTED,
+                *EXPORTED.values(),
+                f"ray_{GOODPUT}",
+                f"ray_{GOODPUT_SECONDS}",
+                'action="log"',
+                'kind="hang"',
+                'run="busy"',
+            ],
         },
         # The hang's action and the policy only capture stacks: the training is not changed.
         fleet=FleetSettings(

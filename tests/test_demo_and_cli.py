@@ -31,6 +31,8 @@ def test_demo_dead_run_sits_near_chance_and_repair_comes_back(clone):
     assert (repaired["watch"], repaired["repair"]) == (0, 32 + 64)
     assert certificates["watch"] == certificates["repair"] == 2 and certificates["healthy"] == 0
     assert stuck["watch"] == 32 + 64 and stuck["repair"] == 0
+    # Each fit's goodput in one line (docs/goodput.md), and `ray-ormas goodput` on a run's record.
+    assert len(re.findall(r"\[ray-ormas\] goodput \d+% of ", out)) == 3, out[-3000:]
     reports = dict(REPORT_ROW.findall(out))
     assert sorted(reports) == ["healthy", "repair", "watch"]
     for report in reports.values():

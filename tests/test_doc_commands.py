@@ -606,8 +606,13 @@ def closest_server(clone: Clone, command: DocCommand) -> None:
 
 def after_demo(clone: Clone, command: DocCommand) -> None:
     """A command on the README demo's output, as written, in the clone where the demo ran: the
-    demo's MLflow runs are complete, so `mlflow-sync` sends nothing."""
+    demo's MLflow runs are complete, so `mlflow-sync` sends nothing; `goodput` prints the run's
+    account (one fit, no restart)."""
     ran = bash(command.text, cwd=clone.root, env=clone.env(clone.base / "home-after"), timeout=300)
+    if command.text.startswith("ray-ormas goodput"):
+        assert ran.code == 0 and re.search(r"fit 1 of 1: goodput \d+% of ", ran.out), ran.out[-3000:]
+        assert "productive" in ran.out and "restart after" not in ran.out, ran.out[-3000:]
+        return
     assert ran.code == 0 and "0 metric values and 0 files sent" in ran.out, ran.out[-3000:]
 
 
@@ -660,7 +665,7 @@ def plan(command: DocCommand) -> str:
         return "install"
     if re.match(r"mlflow (ui|server)\b", text):
         return "server"
-    if re.match(r"ray-ormas mlflow-sync ray_ormas_demo/", text):
+    if re.match(r"ray-ormas (mlflow-sync|goodput) ray_ormas_demo/", text):
         return "after_demo"
     if text.startswith("ray-ormas train"):
         return "train"

@@ -124,6 +124,14 @@ def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlfl
     assert history == [(o, float(w)) for o, w in zip(offsets, worlds)]
     assert run.data.params["scaling.num_workers"] == "[1, 2]"
 
+    # Goodput: each restart at another size is counted as an elastic resize (the failure or the
+    # evict that led to it kept as its `error`); the FSDP fit's policy restart at the same size is
+    # counted under its alarm and action.
+    (account,) = records.goodput_per_fit()
+    assert [r.cause for r in account.restarts] == ["elastic resize"] * 2 + ([] if stopped else ["policy reattempt"])
+    assert [a.world for a in account.attempts] == worlds
+    assert sum(account.buckets.values()) == pytest.approx(account.wall_s) and account.restart_by_cause
+
 
 def elastic(num_workers, **kwargs):
     return RayOrmasTrainer(elastic_loop, scaling_config=ScalingConfig(num_workers=num_workers), mlflow=False, **kwargs)

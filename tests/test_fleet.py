@@ -372,6 +372,10 @@ def test_the_grafana_dashboard_shows_the_exported_metrics():
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {name for e in exprs for name in re.findall(r"ray_ormas_fleet_\w+", e)}
     assert used == set(EXPORTED.values())
+    from ray_ormas._internal.head.goodput_keeper import GOODPUT, SECONDS
+
+    goodput = {name for e in exprs for name in re.findall(r"ray_ormas_goodput\w*", e)}
+    assert goodput == {f"ray_{GOODPUT}", f"ray_{SECONDS}"}
     assert all('run=~"$run"' in e for e in exprs)
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run"}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from ray_ormas._internal.head.rank_stacks import RankHandle
 
 from .loops import digits_loop
 from .scenario_runs import ACTS
-from .scenarios.acts import RUN_NAME
+from .scenarios.acts import HANG_AFTER_S, RUN_NAME
 
 
 @dataclass
@@ -202,6 +203,24 @@ def test_actions_are_in_mlflow(acted):
     [fit_id] = ray_ormas.open_records(acted.run_dir).fleets()  # the stacks, with the fleet record, as artifacts
     uploaded = [a.path for a in client.list_artifacts(run.info.run_id, f"ormas/fleet/{fit_id}")]
     assert f"ormas/fleet/{fit_id}/stacks.jsonl" in uploaded and f"ormas/fleet/{fit_id}/actions.jsonl" in uploaded
+    # The goodput account's params (the fit was stopped: its account closed all the same).
+    params = client.get_run(run.info.run_id).data.params
+    assert params["goodput.restarts"] == "4" and "a divergence reattempt" in params["goodput.restart_causes"]
+
+
+@pytest.mark.timeout(400)
+def test_each_restart_is_counted_under_the_alarm_and_action_that_caused_it(acted):
+    (account,) = ray_ormas.open_records(acted.run_dir).goodput_per_fit()
+    assert account.closed and sum(account.buckets.values()) == pytest.approx(account.wall_s)
+    causes = [r.cause for r in account.restarts]
+    assert causes == ["divergence reattempt", "hang reattempt", "worker failure", "policy evict"], causes
+    assert "NCCLHangError" in (account.restarts[2].error or "")
+    # The divergence's restart redid the steps after the checkpoint it chose (run step 20).
+    assert account.restarts[0].lost_steps >= 25 - 20 and account.restarts[0].lost_s > 0
+    # The hang: from the last check the ranks reached to the alarm, about the bound (4 s).
+    assert HANG_AFTER_S * 0.8 < account.buckets["hang"] < HANG_AFTER_S * 3, account.buckets
+    assert all(r.restart_s > 0 for r in account.restarts)
+    assert account.buckets["other"] < 0.02 * account.wall_s
 
 
 # ------------------------------------------------------------------ on the shared busy fit (tests/shared_fits.py)
@@ -227,6 +246,10 @@ def test_the_fleet_and_its_actions_are_in_rays_metrics(busy_fit):
     for name in [ACTIONS_EXPORTED, *EXPORTED.values()]:
         assert name in text, f"{name} is not among Ray's exported metrics"
     assert 'action="log"' in text and 'kind="hang"' in text and 'run="busy"' in text
+    # The goodput gauges (head/goodput_keeper.py): the fit's goodput so far, and its seconds by bucket.
+    goodput = re.findall(r'ray_ormas_goodput\{[^}]*run="busy"[^}]*window="fit"[^}]*\} ([0-9.e+-]+)', text)
+    assert goodput and all(0 < float(v) <= 1 for v in goodput), goodput
+    assert re.search(r'ray_ormas_goodput_seconds\{[^}]*bucket="data_wait"', text)
 
 
 @pytest.mark.timeout(300)

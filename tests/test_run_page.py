@@ -69,6 +69,17 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
     assert {c["data-metric"] for c in shown.having("chart")} >= {"epoch", "step", "loss (model)"}
     assert (tmp_path / "run.png").stat().st_size > 10_000
 
+    # Where the time went: a bar per attempt on the time axis, cut into its buckets, the restart
+    # marked with its cause (driver/goodput_page.py).
+    assert [(g["data-fit"], g["data-attempt"]) for g in shown.having("goodput-attempt")] == [("1", "0"), ("1", "1")]
+    seconds: Counter[str] = Counter()
+    for cell in shown.having("goodput-bucket"):
+        seconds[cell["data-bucket"]] += float(cell["data-seconds"])
+    account = run.goodput
+    assert account is not None
+    assert {b for b, s in seconds.items() if s > 0} == {b for b, s in account.buckets.items() if s > 0}
+    assert [m["data-cause"] for m in shown.having("restart-marker")] == ["worker failure"]
+
 
 def test_a_large_fleets_picture_stays_bounded_and_keeps_every_alarmed_rank():
     import pyarrow as pa

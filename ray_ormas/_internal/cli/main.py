@@ -3,6 +3,7 @@
     ray-ormas train CONFIG.yaml [--set key=value ...] [--dry-run]   train as the config says
     ray-ormas demo                       the digits demo on a local Ray cluster
     ray-ormas report RUN [--out DIR]     rebuild the HTML reports of every segment and the run's page, from run storage
+    ray-ormas goodput RUN [--json]       where the run's time went: each fit's goodput account, and the run's
     ray-ormas export RUN --out DIR       events, metrics and segments .parquet (fleet_* with a fleet)
     ray-ormas mlflow-sync RUN            bring the run's MLflow run(s) up to its record (after an outage);
                                          a fit whose loop ended but whose end never ran is closed as
@@ -72,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
     r.add_argument("--out", default="ray_ormas_reports", help="local folder for the copies (default: %(default)s)")
     r.add_argument("--monitor", help="only this monitor (default: all)")
+    g = sub.add_parser(
+        "goodput",
+        help="where a run's time went: each fit's goodput account (productive, start-up, restarts by cause, ...)",
+        description="Print each fit's goodput account of RUN (its wall time cut into productive, "
+        "start-up, warm-up, data wait, checkpoint, restart by cause, lost progress, hang, "
+        "monitoring, wind-down and other; docs/goodput.md), then the whole run's. Exit 0: printed; "
+        "2: no record, or no fit of it kept a timeline.",
+    )
+    g.add_argument("run", help="the run's folder or its ormas/ folder: a local path or a URI (s3://...)")
+    g.add_argument("--json", action="store_true", help="print the accounts as one JSON object")
     e = sub.add_parser(
         "export",
         help="write a run's record (all segments) as Parquet: events, metrics, segments (and the fleet's)",
@@ -147,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "mlflow-sync":
         return _mlflow_sync(records, args.tracking_uri, args.close_as)
+    if args.command == "goodput":
+        from ray_ormas._internal.cli.goodput import print_goodput
+
+        return print_goodput(records, args.json)
     if args.command == "export":
         paths = records.write_parquet(args.out, monitor=args.monitor)
         for kind, path in paths.items():
@@ -242,6 +257,10 @@ def _report(records, out: Path, monitor: str | None) -> int:
     for name in records.monitors() if monitor is None else [monitor]:
         print(whole_run_line(run_facts(records.store, name)))
     _fleet_report(records)
+    from ray_ormas._internal.cli.goodput import goodput_lines
+
+    for line in goodput_lines(records):
+        print(line)
     from ray_ormas._internal.driver.run_page import write_run_page
 
     # Beside the rebuilt reports (its links to them work there, for a run on object storage too),

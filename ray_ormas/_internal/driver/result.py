@@ -15,6 +15,7 @@ from ray.train import Result
 
 from ray_ormas._internal.common import keys
 from ray_ormas._internal.record.fleet_record import FleetSummary
+from ray_ormas._internal.record.goodput import GoodputAccount
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.store import RecordStore
 
@@ -51,6 +52,9 @@ class OrmasRun:
             None when it is off (`fleet=False`, or a single worker).
         not_uploaded: on object storage, one message per segment that storage could not take
             by the end of the fit, naming the node and folder that hold its local copy.
+        goodput: where the fit's time went (a `GoodputAccount`: `goodput`, seconds per bucket,
+            the restarts by cause, each attempt's own; docs/goodput.md). `open_records()` and
+            `ray-ormas goodput RUN` give the whole run's, across continuations.
         run_page: the run on one page (`run.html` at the record's root: attempts, metrics,
             layers, fleet health, whole-run facts), as the store shows it; None when it could not
             be written (a warning says why). `ray-ormas report RUN` writes it again.
@@ -70,6 +74,7 @@ class OrmasRun:
     fleet: FleetSummary | None = None
     not_uploaded: list[str] = field(default_factory=list)
     run_page: str | None = None
+    goodput: GoodputAccount | None = None
 
     def digests(self, key: str = keys.PREFIX + keys.PARAM_DIGEST) -> list[list[str | None]]:
         """Per report, each rank's parameter digest: equal digests mean identical replicas."""

@@ -15,11 +15,14 @@ The page is one self-contained file (inline CSS and SVG, no script, no network):
   with the attempts' boundaries;
 * each monitor's layers across segments: alarms, certificates, repairs, each segment linked to
   ormas-monitor's own report of it (`<monitor>/segment-NNN/report.html`, beside this page);
+* where each fit's time went (driver/goodput_page.py): a bar per attempt on the time axis, cut
+  into its goodput buckets, the restarts marked with their cause;
 * fleet health per fit: a rank x check picture of busy time (data + forward) and of the straggler
   score, with every alarm marked on its rank and check.
 
 Elements a reader (or a test) can find: `.attempt[data-monitor][data-attempt][data-complete]`,
-`.fleet-rank[data-rank]`, `.alarm-marker[data-kind][data-rank][data-check]`.
+`.fleet-rank[data-rank]`, `.alarm-marker[data-kind][data-rank][data-check]`, and the goodput
+section's (driver/goodput_page.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from ray_ormas._internal.common.logs import get_logger
+from ray_ormas._internal.driver.goodput_page import goodput_section
 from ray_ormas._internal.record.fleet_record import (
     action_text,
     column,
@@ -54,7 +58,7 @@ from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
 from ray_ormas._internal.record.store import RecordStore
 from ray_ormas._internal.tracking.journal import TrackingJournal
 from ray_ormas._internal.tracking.sync import read_journals
-from ray_ormas.errors import JournalError
+from ray_ormas.errors import JournalError, RecordStorageError
 
 logger = get_logger("ray_ormas.run_page")
 
@@ -99,6 +103,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
         f"<p class='where'>record: {_e(store.shown())}</p></header>",
         _facts_section(facts),
         _attempts_section(facts, segments, events, end),
+        _goodput(records),
         _metrics_section(journals, rows, segments, end),
         _layers_section(monitors, segments, events, store.root),
         _fleet_section(
@@ -109,6 +114,17 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
         ),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
+
+
+def _goodput(records: RunRecords) -> str:
+    """The goodput section (driver/goodput_page.py); a note when the timelines cannot be read."""
+    try:
+        return goodput_section(records.goodput_per_fit())
+    except RecordStorageError as e:
+        logger.warning("run.html: %s; the page shows no goodput", e)
+        return (
+            "<section id='goodput'><h2>Goodput</h2><p class='note'>The fits' timelines could not be read.</p></section>"
+        )
 
 
 def _journals(store: RecordStore) -> list[TrackingJournal]:

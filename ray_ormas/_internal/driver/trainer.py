@@ -35,6 +35,7 @@ import difflib
 import functools
 import inspect
 import os
+import time
 import uuid
 from typing import Any, Callable, Iterator, Sequence
 
@@ -59,12 +60,14 @@ from ray_ormas._internal.driver.capacity import check_capacity, lone_node_evicti
 from ray_ormas._internal.driver.continuation import Continuation, find_continuation
 from ray_ormas._internal.driver.failures import fleet_stop
 from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
-from ray_ormas._internal.driver.wind_down import Ending, WoundDown, wind_down
+from ray_ormas._internal.driver.wind_down import Ending, Status, WoundDown, close_goodput, wind_down
 from ray_ormas._internal.head.fleet_head import FleetSpec
+from ray_ormas._internal.head.goodput_keeper import GoodputSpec
 from ray_ormas._internal.head.ledger import LedgerSnapshot, RunLedger
 from ray_ormas._internal.head.ledger_callback import LedgerCallback
 from ray_ormas._internal.head.mlflow_writer import WriterSpec
 from ray_ormas._internal.head.placement_callback import node_exclusion_callback
+from ray_ormas._internal.record.goodput import GoodputAccount
 from ray_ormas._internal.record.layout import DEFAULT_MONITOR_NAME, REPORT
 from ray_ormas._internal.record.run_facts import run_facts, state_at_end, whole_run_counts
 from ray_ormas._internal.record.store import RecordStore
@@ -227,6 +230,7 @@ class RayOrmasTrainer:
         `ray.train.TrainingFailedError` whose `worker_failures` hold the loop's own exception,
         unchanged), after printing where the record of the failed run is.
         """
+        called = time.time()  # the goodput account's start (head/goodput_keeper.py)
         continuation = self._announce_continuation()
         started_here = not ray.is_initialized()
         if started_here:
@@ -263,7 +267,8 @@ class RayOrmasTrainer:
                 min_workers=int(self.scaling_config.min_workers),
             )
         )
-        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet)
+        goodput = GoodputSpec(fit_id, self.store, self.run_config.name, called)
+        ledger = RunLedger.options(num_cpus=0, **_on_head_node()).remote(tracking, fleet, goodput)
         acts = self.fleet is not None and self.fleet.acts
         callback = LedgerCallback(ledger, tracking is not None, acts)
         # A run-scoped evict keeps the run's later worker groups off the evicted nodes.
@@ -311,7 +316,9 @@ class RayOrmasTrainer:
                 with contextlib.suppress(Exception):
                     ray.get(callback.forward_exception({0: e}), timeout=60)
             with contextlib.suppress(Exception):  # the training error propagates as it is, whatever happens here
-                wind_down(ledger, self.store, self.mlflow, Ending("KILLED" if interrupted else "FAILED", error=e))
+                status: Status = "KILLED" if interrupted else "FAILED"
+                wind_down(ledger, self.store, self.mlflow, Ending(status, error=e))
+                _say_goodput(close_goodput(ledger, status))
             stop = fleet_stop(e)
             if stop is not None:  # an alarm's `stop`: the package's own error, once the record is closed
                 raise stop from e
@@ -319,6 +326,8 @@ class RayOrmasTrainer:
         else:
             checkpoint = result.checkpoint.path if result.checkpoint else None
             ended = wind_down(ledger, self.store, self.mlflow, Ending("FINISHED", checkpoint=checkpoint))
+            ended = dataclasses.replace(ended, goodput=close_goodput(ledger, "FINISHED") or ended.goodput)
+            _say_goodput(ended.goodput)
         finally:
             ray.kill(ledger, no_restart=True)
         return self._result(result, ended, continuation)
@@ -331,6 +340,7 @@ class RayOrmasTrainer:
             fleet=ended.fleet,
             not_uploaded=ended.not_uploaded,
             run_page=ended.run_page,
+            goodput=ended.goodput,
         )
         if continuation is not None and _trained_nothing(ended.snapshot):
             logger.warning("%s", continuation.nothing_trained())
@@ -446,6 +456,12 @@ def _print_once(worker_runtime_env: Any) -> Any:
         return worker_runtime_env
     env["env_vars"] = {**env_vars, name: "0"}
     return env
+
+
+def _say_goodput(account: GoodputAccount | None) -> None:
+    """The fit's goodput in one console line (docs/goodput.md)."""
+    if account is not None:
+        logger.info("%s", account.line())
 
 
 @functools.cache

@@ -5,7 +5,8 @@
       2. the staged segments rank 0 could not upload, uploaded from their nodes (record/staging.py)
       3. after a failure: where each monitor's record is (one warning each); an NCCL hang becomes
          a fleet alarm
-      4. the fleet record's end and its summary (head/fleet_head.py)
+      4. the fleet record's end and its summary (head/fleet_head.py); the fit's goodput account
+         (head/goodput_keeper.py), its timeline written, so that the page and MLflow show it
       5. the run's page, run.html (driver/run_page.py), before the MLflow run closes, so that the
          writer's last sync uploads it
       6. the MLflow run's end: FINISHED, FAILED or KILLED (head/mlflow_writer.py)
@@ -19,6 +20,7 @@ Hooks relied on: the run ledger's methods (head/ledger.py), called with `ray.get
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +34,7 @@ from ray_ormas._internal.head.fleet_head import HANG_ERROR
 from ray_ormas._internal.head.ledger import LedgerSnapshot
 from ray_ormas._internal.head.mlflow_writer import TrackingOutcome
 from ray_ormas._internal.record.fleet_record import FleetSummary
+from ray_ormas._internal.record.goodput import GoodputAccount
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.staging import sweep
 from ray_ormas._internal.record.store import RecordStore
@@ -65,6 +68,7 @@ class WoundDown:
     fleet: FleetSummary | None
     run_page: str | None
     tracking: TrackingOutcome | None
+    goodput: GoodputAccount | None = None
 
 
 def wind_down(ledger: Any, store: RecordStore, mlflow: MLflowSettings | None, ending: Ending) -> WoundDown:
@@ -77,9 +81,20 @@ def wind_down(ledger: Any, store: RecordStore, mlflow: MLflowSettings | None, en
         if hang is not None:
             ledger.fleet_error.remote(hang)
     fleet = _finish_fleet(ledger, ending.error is not None and fleet_stop(ending.error) is not None)
+    goodput = close_goodput(ledger, ending.status)
     run_page = _write_run_page(store)
     tracking = _finish_tracking(ledger, store, mlflow, ending)
-    return WoundDown(snapshot, not_uploaded, fleet, run_page, tracking)
+    return WoundDown(snapshot, not_uploaded, fleet, run_page, tracking, goodput)
+
+
+def close_goodput(ledger: Any, status: Status) -> GoodputAccount | None:
+    """The fit's goodput account up to now, its timeline written (called again as `fit()` returns,
+    so that the record's account runs to the return); None when the ledger cannot say."""
+    try:
+        return ray.get(ledger.finish_goodput.remote(time.time(), status), timeout=10 if status == "KILLED" else 60)
+    except Exception as e:  # telemetry: the fit's own outcome stands
+        logger.warning("could not close the fit's goodput account (%s: %s)", type(e).__name__, e)
+        return None
 
 
 def hang_error(error: BaseException) -> str | None:

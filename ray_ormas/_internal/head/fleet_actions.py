@@ -91,6 +91,7 @@ class FleetActions:
         self._write = write
         self._ranks: dict[int, dict[int, RankHandle]] = {}  # attempt -> rank -> where it runs
         self._orders: dict[int, Order] = {}  # attempt -> the order its ranks read
+        self._ended_by: dict[int, tuple[str, float]] = {}  # attempt -> (its alarm and action, the alarm's time)
         self._waiting: list[ActionLine] = []  # restarts waiting for the next attempt
         self._stop: str | None = None
         self._stop_order: tuple[int, Order] | None = None  # (attempt, order) of a `stop`
@@ -126,6 +127,12 @@ class FleetActions:
             if self._stop_order is not None and attempt >= self._stop_order[0]:
                 return self._stop_order[1]
             return self._orders.get(attempt)
+
+    def restart_cause(self, attempt: int) -> tuple[str, float] | None:
+        """(the alarm and the action that ended `attempt`, e.g. "divergence reattempt", and the
+        alarm's time), or None when no action ended it (the goodput account's restart cause)."""
+        with self._lock:
+            return self._ended_by.get(attempt)
 
     def stop_message(self) -> str | None:
         """The `FleetStopError` message once a `stop` action was ordered (asked by the controller
@@ -344,6 +351,7 @@ class FleetActions:
             self._waiting.append(line)
             order = Order("stop" if action == "stop" else "reattempt", message, line.id)  # what a rank raises
             self._orders[attempt] = order
+            self._ended_by.setdefault(attempt, (f"{line.alarm} {action}", alarm.time or time.time()))
             if action == "stop":
                 self._stop_order = (attempt, order)
         if alarm.kind == "hang":  # the stuck ranks cannot read an order: their workers are ended

@@ -329,6 +329,10 @@ class FleetHead:
         """The order the ranks of `attempt` carry out at their next check, if an action gave one."""
         return self._actions.order_for(attempt) if self._actions is not None else None
 
+    def restart_cause(self, attempt: int) -> tuple[str, float] | None:
+        """The alarm and action that ended `attempt`, and the alarm's time (None: none did)."""
+        return self._actions.restart_cause(attempt) if self._actions is not None else None
+
     def order_at_end(self, attempt: int) -> Order | None:
         """The ranks of `attempt` ended their loop: its order, once the actions under way (a
         diagnose, an evict) have decided theirs. Called without the lock, which they need to write."""

@@ -47,13 +47,17 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import ray
 
 from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
 from ray_ormas._internal.fleet.wire import Intro, rows_at
+from ray_ormas._internal.head.goodput_keeper import GoodputKeeper, GoodputSpec
 from ray_ormas._internal.node.fleet_relay import GROUP_NODES, start_relay
+from ray_ormas._internal.record.fit_timeline import ClockReading
+from ray_ormas._internal.record.goodput import GoodputAccount
 
 KEEP_COMPLETED = 64  # the complete checks a late waiter can still find
 ORDER_WAIT_S = 5.0  # the longest a rank's facts wait for the other ranks' before the answer goes back
@@ -92,7 +96,9 @@ class Ledger:
     """Rendezvous and fleet log of one `fit()`. All methods are cheap; none touches tensors.
     Runs as the `RunLedger` actor (below); the class itself is what a test builds in-process."""
 
-    def __init__(self, tracking: WriterSpec | None = None, fleet: FleetSpec | None = None) -> None:
+    def __init__(
+        self, tracking: WriterSpec | None = None, fleet: FleetSpec | None = None, goodput: GoodputSpec | None = None
+    ) -> None:
         self._tracking: TrackingWriter | HostedWriter | None = None
         if tracking is not None:  # the fit is tracked in MLflow (in the job's MLflow host)
             from ray_ormas._internal.head.mlflow_link import open_writer
@@ -103,6 +109,8 @@ class Ledger:
             from ray_ormas._internal.head.fleet_head import FleetHead
 
             self._fleet = FleetHead(fleet, self._tracking)
+        self._goodput = GoodputKeeper(goodput, self._tracking) if goodput is not None else None
+        self._last_checked: dict[int, int] = {}  # attempt -> the step of its last complete fleet check
         self._meetings: dict[tuple[str, int], _Meeting] = {}
         self._reports: list[list[dict[str, Any]]] = []
         self._exceptions: list[dict[int, str]] = []
@@ -130,7 +138,24 @@ class Ledger:
         attempt = self._attempts.index(token)
         if world_size is not None:
             self._worlds[attempt] = world_size
+            if self._goodput is not None:
+                self._goodput.attempt(attempt, world_size)
         return attempt
+
+    # -------------------------------------------------------------- goodput (head/goodput_keeper.py)
+    def goodput_clock(self, token: str, step_offset: int, reading: ClockReading) -> None:
+        """Rank 0's step clock at a check, or at the loop's end (worker/step_clock.py)."""
+        if self._goodput is not None:
+            self._goodput.reading(self.begin_attempt(token), reading, step_offset)
+
+    def goodput_failure(self, token: str, steps: int) -> None:
+        """A rank's loop raised, `steps` into the attempt (its peer's failure, or its own)."""
+        if self._goodput is not None:
+            self._goodput.rank_failed(self.begin_attempt(token), steps)
+
+    def finish_goodput(self, ended: float, status: str) -> GoodputAccount | None:
+        """The fit ended (the driver's wind-down): its account, and the timeline written."""
+        return self._goodput.close(ended, status) if self._goodput is not None else None
 
     # -------------------------------------------------------------- fleet health (head/fleet_head.py)
     def fleet_offset(self, token: str, offset: int) -> None:
@@ -226,6 +251,11 @@ class Ledger:
                 await asyncio.to_thread(self._fleet.conclude, complete)
             else:
                 self._fleet.conclude(complete)
+            outcome = complete.outcome
+            if outcome is not None and self._goodput is not None:
+                since = outcome.step - self._last_checked.get(attempt, -1)
+                self._last_checked[attempt] = outcome.step
+                self._goodput.held_data(attempt, since, *_data_median_and_max(outcome.columns.data_s))
             number = complete.outcome.check if complete.outcome is not None else check
             if number is not None:
                 self._completed[(attempt, number)] = None
@@ -366,6 +396,9 @@ class Ledger:
         action stopped the fit (the controller raises it: head/ledger_callback.py)."""
         self._exceptions.append(per_rank)
         self._end_relays()  # the failed group's ranks are gone: nothing of it stays on their nodes
+        attempt = max(len(self._attempts) - 1, 0)
+        if self._goodput is not None:
+            self._goodput.failed(attempt, per_rank, self._fleet.restart_cause(attempt) if self._fleet else None)
         if self._fleet is None:
             return None
         self._fleet.worker_errors(max(len(self._attempts) - 1, 0), per_rank)
@@ -414,6 +447,12 @@ class Ledger:
         if self._tracking is None:
             return None
         return await asyncio.to_thread(self._tracking.finish, status, error, final_checkpoint)
+
+
+def _data_median_and_max(data_s: np.ndarray) -> tuple[float | None, float | None]:
+    """The median and the slowest rank's data wait of a check (NaN: not timed)."""
+    timed = data_s[~np.isnan(data_s)]
+    return (float(np.median(timed)), float(timed.max())) if timed.size else (None, None)
 
 
 RunLedger = ray.remote(num_cpus=0)(Ledger)  # one actor per fit, on the head node (driver/trainer.py)

@@ -11,6 +11,7 @@ of these names: every other module takes them from here.
           diary.jsonl.parts/0000000000000000      on object storage, a file still open: sent in parts
       fleet/<fit id>/                             FLEET_DIR: fleet.json, checks.jsonl, alarms.jsonl, attempts.jsonl,
                                                   actions.jsonl, stacks.jsonl
+      goodput/<fit id>.json                       GOODPUT_DIR: the fit's timeline, for its goodput account
       run.html                                    RUN_PAGE: the run on one page (driver/run_page.py)
       .mlflow/<fit id>.json                       JOURNAL_DIR: the fit's MLflow journal (tracking/sync.py)
 
@@ -42,10 +43,11 @@ FLEET_ATTEMPTS = "attempts.jsonl"
 FLEET_ACTIONS = "actions.jsonl"
 FLEET_STACKS = "stacks.jsonl"
 JOURNAL_DIR = ".mlflow"
+GOODPUT_DIR = "goodput"  # goodput/<fit id>.json: each fit's timeline (record/fit_timeline.py)
 PARTS_SUFFIX = ".parts"
 CHECKPOINT_KEY = "ormas"
 # Folders of the record root that are not monitors: a monitor may not be named so.
-RESERVED_MONITOR_NAMES = frozenset({FLEET_DIR})
+RESERVED_MONITOR_NAMES = frozenset({FLEET_DIR, GOODPUT_DIR})
 
 
 def segment_name(index: int) -> str:

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ray_ormas._internal.record.fit_timeline import read_timelines
 from ray_ormas._internal.record.fleet_record import (
     fleet_fits,
     read_fleet,
@@ -42,6 +43,7 @@ from ray_ormas._internal.record.fleet_record import (
     read_fleet_table,
 )
 from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE, SUMMARIES_TABLE, plain_schema
+from ray_ormas._internal.record.goodput import GoodputAccount, account_of, combined
 from ray_ormas._internal.record.layout import DIARY, METRICS, RECORD_DIR, segment_index
 from ray_ormas._internal.record.run_facts import run_facts
 from ray_ormas._internal.record.segments import diary_tail, read_link
@@ -266,6 +268,15 @@ class RunRecords:
                 }
             )
         return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+    def goodput(self) -> GoodputAccount | None:
+        """Where the whole run's time went: every fit's goodput account (docs/goodput.md), summed
+        over the run's fits (its continuations and reruns); None when no fit kept a timeline."""
+        return combined(self.goodput_per_fit())
+
+    def goodput_per_fit(self) -> list[GoodputAccount]:
+        """Each fit's goodput account, oldest first (a fit that still runs: up to its last event)."""
+        return [account_of(t) for t in read_timelines(self.store)]
 
     def fleets(self) -> list[str]:
         """The fit ids with a fleet record here (fleet health was on), oldest folder name first."""

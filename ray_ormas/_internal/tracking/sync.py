@@ -43,6 +43,8 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 from ray_ormas._internal.common import keys
+from ray_ormas._internal.record.fit_timeline import last_run_step, read_timeline
+from ray_ormas._internal.record.goodput import GoodputAccount, account_of, goodput_entries, goodput_params
 from ray_ormas._internal.record.layout import DIARY, JOURNAL_DIR, METRICS, RUN_PAGE, join_parts, whole_name
 from ray_ormas._internal.record.reader import RunRecords
 from ray_ormas._internal.record.run_facts import run_facts
@@ -185,6 +187,34 @@ def run_count_entries(store: RecordStore) -> list[Entry]:
         totals = {**{k: v for k, v in facts.totals.items() if k != "steps"}, keys.SEGMENTS: facts.attempts}
         out += [(f"{prefix}/{name}", float(value), facts.run_step) for name, value in totals.items()]
     return out
+
+
+def goodput_entries_of(store: RecordStore, fit_id: str) -> list[Entry]:
+    """The fit's closed goodput account (record/goodput.py) as `goodput/*` metrics, at its last
+    run step; [] while it is open or when the fit kept no timeline."""
+    account, step = _closed_goodput(store, fit_id)
+    return goodput_entries(account, step) if account is not None else []
+
+
+def log_goodput_params(client: Any, run_id: str, store: RecordStore, fit_id: str) -> None:
+    """The closed account as `goodput.*` params; those already logged keep their value (MLflow
+    params are immutable: the first close's, at the fit's wind-down, stand)."""
+    from mlflow.entities import Param
+
+    account, _ = _closed_goodput(store, fit_id)
+    if account is None:
+        return
+    existing = client.get_run(run_id).data.params
+    items = [Param(k, v) for k, v in goodput_params(account).items() if k not in existing]
+    if items:
+        client.log_batch(run_id, params=items)
+
+
+def _closed_goodput(store: RecordStore, fit_id: str) -> tuple[GoodputAccount | None, int]:
+    timeline = read_timeline(store, fit_id)
+    if timeline is None or timeline.closed is None:
+        return None, 0
+    return account_of(timeline), last_run_step(timeline)
 
 
 def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:
@@ -534,13 +564,14 @@ def sync_fit(
         record_entries(records, journal.fit_id, up_to_attempt)
         + loop_entries(journal)
         + fleet_entries(store, journal.fit_id, up_to_attempt)
-        + (run_count_entries(store) if finished else [])
+        + (run_count_entries(store) + goodput_entries_of(store, journal.fit_id) if finished else [])
     )
     todo = missing_entries(client, run_id, expected)
     send_entries(client, run_id, todo)
     artifacts, closed = 0, None
     gone: list[str] = []
     if finished:
+        log_goodput_params(client, run_id, store, journal.fit_id)
         artifacts = upload_segments(client, run_id, records, journal.fit_id)
         from ray_ormas._internal.record.fleet_record import fleet_folder
 

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.worker.resume import start_checkpoint
+from ray_ormas._internal.worker.step_clock import counted_as_checkpoint
 from ray_ormas.errors import CheckpointError, CheckpointNotFoundError, OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.checkpointing")
@@ -84,6 +85,20 @@ def save_checkpoint(
     FSDP). Returns a `ray.train.Checkpoint` on rank 0 and None elsewhere: pass it on to
     `ray_ormas.report(metrics, checkpoint=...)` on every rank."""
     _check_state_args(model, optimizer, epoch, step, extra)
+    with counted_as_checkpoint():  # the goodput account's checkpoint time (worker/step_clock.py)
+        return _save(model, optimizer, epoch, step, scaler, sampler, extra, directory)
+
+
+def _save(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    epoch: int,
+    step: int,
+    scaler: Any,
+    sampler: Any,
+    extra: dict[str, Any] | None,
+    directory: str | Path | None,
+) -> ray.train.Checkpoint | None:
     # Imported here, not at the top: torch.distributed.checkpoint costs about 1.5 s of CPU on
     # import, and every worker imports this module (the temporary-folder check) but few save.
     from torch.distributed.checkpoint.state_dict import (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -32,6 +33,7 @@ from ray_ormas._internal.worker.plan import Attach, WorkerPlan
 from ray_ormas._internal.worker.reporting import ProgressPrinter, RecordBuffer, rank0_metrics, rank_facts
 from ray_ormas._internal.worker.resume import order_error
 from ray_ormas._internal.worker.row_forwarder import RowForwarder
+from ray_ormas._internal.worker.step_clock import StepClock
 
 logger = get_logger("ray_ormas.worker")
 
@@ -117,6 +119,12 @@ class MonitorRuntime:
             self._release_segment()
             raise
         self._tell_the_ledger()
+        # Rank 0's main monitor keeps the clock of the goodput account (worker/step_clock.py).
+        self.clock = (
+            StepClock(model, optimizer, plan.ledger, session.token, self.step_offset)
+            if session.rank == 0 and self._primary
+            else None
+        )
         self._probe: RankProbe | None = None
         if plan.fleet and self._primary:
             if session.rank == 0:
@@ -253,6 +261,8 @@ class MonitorRuntime:
         probe = self._probe
         if probe is not None and probe.armed:
             probe.step_called()
+        if self.clock is not None:
+            self.clock.step_called()
         return self.monitor.checks
 
     def after_step(self, checks: int, loss: torch.Tensor | float | None) -> None:
@@ -262,15 +272,20 @@ class MonitorRuntime:
             # Detached: holding the loss itself would keep this step's autograd graph alive until
             # the next step, and free it inside the next mon.step() instead of where the loop drops it.
             self._last_loss = loss.detach() if isinstance(loss, torch.Tensor) and loss.requires_grad else loss
+        clock = self.clock
         if monitor.checks == checks:
             if probe is not None:
                 probe.between_steps(monitor.step_count, monitor.check_every)
+            if clock is not None:
+                clock.step_returned(checked=False)
             return  # an unsampled step: nothing more to do
         if probe is not None:
             probe.checked(monitor.checks - 1, monitor.step_count - 1, loss)
             probe.between_steps(monitor.step_count, monitor.check_every)
         if self.record_dir is not None:
             flush_metrics(monitor)  # the row is on disk before the next step can crash
+        if clock is not None:
+            clock.step_returned(checked=True)  # the check's reading goes to the head, before an order is raised
         if probe is not None and probe.order is not None:
             raise order_error(probe.order)
         every = self._session.plan.settings.report_every
@@ -348,7 +363,11 @@ class MonitorRuntime:
         other ranks get None. Idempotent; ray-ormas calls it when the loop ends."""
         if not self._closed:
             self._closed = True
+            started = time.perf_counter()
             self._report_path = self._close_monitor() if self._close_monitor is not None else self.monitor.close()
+            if self.clock is not None:
+                self.clock.monitor_closed(time.perf_counter() - started)
+                self.clock.close()
             if self.record_dir is not None and self.segment_path is not None:
                 self.persist()
                 self._drop_staging()

@@ -30,6 +30,8 @@ and its own `ray.train.report` calls come to `WorkerSession.route_report`.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -48,6 +50,7 @@ from ray_ormas._internal.worker.monitor import MonitorRuntime
 from ray_ormas._internal.worker.plan import EXPLICIT, Attach, WorkerPlan
 from ray_ormas._internal.worker.rendezvous import meet
 from ray_ormas._internal.worker.resume import order_error, start_checkpoint, use_ledger
+from ray_ormas._internal.worker.step_clock import StepClock
 from ray_ormas.errors import OptionError, OptionTypeError
 
 logger = get_logger("ray_ormas.worker")
@@ -98,6 +101,12 @@ class WorkerSession:
         if self._node is None:
             self._node = ray.util.get_node_ip_address()
         return self._node
+
+    @property
+    def clock(self) -> StepClock | None:
+        """Rank 0's step clock (the main monitor's; None elsewhere, or before a monitor)."""
+        main = next(iter(self.monitors.values()), None)
+        return main.clock if main is not None else None
 
     def resumed_from(self) -> dict[str, Any] | None:
         """The checkpoint this attempt starts from (worker/resume.py: Ray's latest, unless an
@@ -198,6 +207,22 @@ class WorkerSession:
         step: int | None = None,
         **kwargs: Any,
     ) -> None:
+        clock = self.clock
+        started = time.perf_counter()
+        try:
+            self._report(kind, metrics, checkpoint, step, **kwargs)
+        finally:
+            if clock is not None:
+                clock.reporting(time.perf_counter() - started)
+
+    def _report(
+        self,
+        kind: str,
+        metrics: dict[str, Any],
+        checkpoint: ray.train.Checkpoint | None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         seen = self._meet(kind, checkpoint is not None)
         if self.rank == 0 and any(a.checkpoint for a in seen.values()):
             # Some rank reports a checkpoint: the record in storage is brought up to it first, and
@@ -246,6 +271,9 @@ class WorkerSession:
         ledger with it): the monitors close as the loop ended (a run_end without an error) and
         the final report, which nothing would receive, is skipped."""
         gone: str | None = None
+        loop_ended = time.perf_counter()
+        if self.clock is not None:
+            self.clock.loop_ended()
         try:
             seen = self._meet("final")
         except ray.exceptions.RayActorError as e:
@@ -284,6 +312,9 @@ class WorkerSession:
                     mon.record_dir,
                     rank=self.rank,
                 )
+        clock = self.clock
+        if clock is not None:  # the attempt's last reading: the loop's end, and the record's close
+            clock.send(ended=True, closing_s=time.perf_counter() - loop_ended)
         final = self._metrics("final")
         final[keys.STEPS_PER_RANK] = [steps[r] for r in sorted(steps)]
         if self.rank == 0 and len(set(steps.values())) > 1:
@@ -322,6 +353,12 @@ class WorkerSession:
         ledger = self.plan.ledger
         if self.rank == 0:
             ledger.rank0_closing.remote(self.token)
+            if self.clock is not None:
+                self.clock.send()  # where the attempt stood when it failed
+        main = next(iter(self.monitors.values()), None)
+        if main is not None:  # when and at which step the failure was seen (the goodput account)
+            with contextlib.suppress(Exception):
+                ledger.goodput_failure.remote(self.token, main.steps)
         for mon in self.monitors.values():
             try:
                 mon.close()  # run_end carries the pending exception; then the segment is persisted
