@@ -230,7 +230,12 @@ def check_one_record_one_run_and_the_fleet(result, model_name: str) -> dict:
     run = result.ormas
     assert verify_run(run.record_dir).ok
     root = run.record_dir.parent.parent
-    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["fleet", "model", "run.html"]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "fleet",
+        "goodput",
+        "model",
+        "run.html",
+    ]
     assert [p.name for p in (root / "model").iterdir()] == ["segment-000"]  # one monitor, one record
     link = json.loads((run.record_dir / "segment.json").read_text())
     assert link["attached"]["model"] == model_name
@@ -344,7 +349,12 @@ def test_two_models_with_two_optimizers_get_a_monitor_each_and_the_record_says_t
     trainer = local_trainer(two_model_loop, storage, name, check_every=1, train_loop_config={"own_losses": own_losses})
     run = trainer.fit().ormas
     root = storage / name / "ormas"
-    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["model", "run.html", "sequential"]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "goodput",
+        "model",
+        "run.html",
+        "sequential",
+    ]
     links = {
         name: json.loads((root / name / "segment-000" / "segment.json").read_text()) for name in ("model", "sequential")
     }
@@ -417,6 +427,7 @@ def test_the_loops_own_monitor_wins_and_two_monitors_on_one_model_are_refused(st
     assert "attached" not in json.loads((explicit.record_dir / "segment.json").read_text())
     assert explicit.final["ormas/steps_per_rank"] == [6]  # its own steps: nothing else attached
     assert sorted(p.name for p in (storage / "explicit" / "ormas").iterdir() if not p.name.startswith(".")) == [
+        "goodput",
         "model",
         "run.html",
     ]

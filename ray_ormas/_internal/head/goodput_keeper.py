@@ -154,7 +154,10 @@ class GoodputKeeper:
         """The fit ended (`ended`: the driver's clock, at its wind-down): the account, final;
         the timeline written (in the caller's thread)."""
         with self._lock:
-            self.timeline.closed = max(ended, self.timeline.started)
+            if self.timeline.closed is None:  # the wind-down: what MLflow and run.html show
+                self.timeline.closed = max(ended, self.timeline.started)
+            else:  # fit() returns: the record's and the result's account run to here
+                self.timeline.returned = max(ended, self.timeline.closed)
             self.timeline.status = status
         account = self._account(ended)
         self._export(account, ended)

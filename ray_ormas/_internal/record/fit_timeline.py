@@ -77,7 +77,8 @@ class FitTimeline:
     run_name: str | None
     started: float
     attempts: list[AttemptTimes] = field(default_factory=list)
-    closed: float | None = None
+    closed: float | None = None  # the driver's wind-down (MLflow's and run.html's account end here)
+    returned: float | None = None  # fit() returned (the record's and the result's account end here)
     status: str | None = None  # FINISHED, FAILED or KILLED once closed
     version: int = TIMELINE_VERSION
 

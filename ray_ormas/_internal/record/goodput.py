@@ -169,7 +169,7 @@ class GoodputAccount:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """The account as plain data (`ray-ormas goodput --json`, MLflow's params)."""
+        """The account as plain data (what `ray-ormas goodput RUN --json` prints)."""
         return {
             "goodput": self.goodput,
             "wall_s": self.wall_s,
@@ -223,8 +223,10 @@ class _Cut:
 
 
 def account_of(timeline: FitTimeline, now: float | None = None) -> GoodputAccount:
-    """The fit's account, up to its close (or `now`, for a fit that still runs)."""
-    end = timeline.closed if timeline.closed is not None else (now if now is not None else _last_time(timeline))
+    """The fit's account, up to `fit()`'s return (or its wind-down, the close before it; or
+    `now`, for a fit that still runs)."""
+    closed = timeline.returned if timeline.returned is not None else timeline.closed
+    end = closed if closed is not None else (now if now is not None else _last_time(timeline))
     attempts = sorted(timeline.attempts, key=lambda a: a.attempt)
     cursor = timeline.started
     cuts: list[AttemptGoodput] = []

@@ -27,6 +27,7 @@ Hooks relied on: `MlflowClient` (`get_metric_history`, `log_batch`, `list_artifa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -214,7 +215,8 @@ def _closed_goodput(store: RecordStore, fit_id: str) -> tuple[GoodputAccount | N
     timeline = read_timeline(store, fit_id)
     if timeline is None or timeline.closed is None:
         return None, 0
-    return account_of(timeline), last_run_step(timeline)
+    # As of the wind-down, when the fit's own sync sent it: the same values at every later sync.
+    return account_of(dataclasses.replace(timeline, returned=None)), last_run_step(timeline)
 
 
 def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = None) -> list[Entry]:

@@ -138,6 +138,34 @@ def is_temporary(checkpoint: ray.train.Checkpoint) -> bool:
     return checkpoint.path in _temporary
 
 
+# Ray's `Checkpoint.as_directory` on a node where another process downloaded the same remote
+# checkpoint and already deleted its copy (two ranks of one node, loading at different moments)
+# raises this; a second try downloads it again.
+_DELETED_BY_ANOTHER_PROCESS = "should have been created by another process"
+READ_TRIES = 3
+
+
+def _read_state(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    """The saved state of `checkpoint`, read through a local directory (downloaded when remote)."""
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            with checkpoint.as_directory() as d:
+                path = Path(d) / STATE_FILE
+                if not path.is_file():
+                    raise CheckpointNotFoundError(
+                        f"checkpoint {checkpoint.path} has no {STATE_FILE}: it was not written by "
+                        f"ray_ormas.save_checkpoint. Load it with your own code, or pass checkpoint=None "
+                        f"to start fresh"
+                    )
+                return dict(torch.load(path, map_location="cpu", weights_only=True))
+        except RuntimeError as e:
+            if _DELETED_BY_ANOTHER_PROCESS not in str(e) or tries >= READ_TRIES:
+                raise
+            logger.warning("reading checkpoint %s again: %s", checkpoint.path, e)
+
+
 def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
@@ -155,15 +183,7 @@ def load_checkpoint(
     checkpoint = checkpoint if checkpoint is not None else start_checkpoint()
     if checkpoint is None:
         return None
-    with checkpoint.as_directory() as d:
-        path = Path(d) / STATE_FILE
-        if not path.is_file():
-            raise CheckpointNotFoundError(
-                f"checkpoint {checkpoint.path} has no {STATE_FILE}: it was not written by "
-                f"ray_ormas.save_checkpoint. Load it with your own code, or pass checkpoint=None "
-                f"to start fresh"
-            )
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = _read_state(checkpoint)
     if state.get("format") != FORMAT:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} has format {state.get('format')!r}; this ray-ormas reads {FORMAT!r}"
