@@ -32,6 +32,7 @@ import math
 import os
 import posixpath
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ import pyarrow as pa
 
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.driver.goodput_page import goodput_section
+from ray_ormas._internal.record.fit_timeline import read_timelines
 from ray_ormas._internal.record.fleet_record import (
     action_text,
     column,
@@ -52,6 +54,7 @@ from ray_ormas._internal.record.fleet_record import (
     read_fleet_table,
 )
 from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE
+from ray_ormas._internal.record.goodput import account_of
 from ray_ormas._internal.record.layout import REPORT, RUN_PAGE
 from ray_ormas._internal.record.reader import RunRecords, Segment
 from ray_ormas._internal.record.run_facts import COUNTS, RunFacts, run_facts
@@ -118,8 +121,8 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
 
 def _goodput(records: RunRecords) -> str:
     """The goodput section (driver/goodput_page.py); a note when the timelines cannot be read."""
-    try:
-        return goodput_section(records.goodput_per_fit())
+    try:  # as of each fit's wind-down, as MLflow has it: the page is the same whenever it is rebuilt
+        return goodput_section([account_of(replace(t, returned=None)) for t in read_timelines(records.store)])
     except RecordStorageError as e:
         logger.warning("run.html: %s; the page shows no goodput", e)
         return (
