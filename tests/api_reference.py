@@ -113,9 +113,17 @@ def resolve(dotted: str) -> Any:
 
 def signature(obj: Any) -> str:
     try:
-        text = str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
+    fields = getattr(obj, "__pydantic_fields__", None)
+    if isinstance(fields, dict):  # a required field shows no default, whichever pydantic release renders it
+        params = [
+            p.replace(default=inspect.Parameter.empty) if p.name in fields and fields[p.name].is_required() else p
+            for p in sig.parameters.values()
+        ]
+        sig = sig.replace(parameters=params)
+    text = str(sig)
     return re.sub(r" at 0x[0-9a-f]+", "", text).replace("ray_ormas._internal.", "")
 
 

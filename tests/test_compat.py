@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

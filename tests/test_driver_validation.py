@@ -116,7 +116,8 @@ print("ray initialized:", ray.is_initialized())
         ({"check_every": 2.5}, ValueError, "check_every: Input should be a valid integer, got 2.5"),
         ({"monitor_config": {"check_every": 5}}, TypeError, "MonitorConfig"),
         ({"monitor_config": MonitorConfig(), "check_every": -1}, ValueError, "check_every"),
-        ({"layers": []}, ValueError, "layers: Tuple should have at least 1 item"),
+        # pydantic's own words ("Tuple" or "Value should have ..." by release: constraints/oldest.txt)
+        ({"layers": []}, ValueError, re.compile(r"layers: \w+ should have at least 1 item")),
         ({"layers": ["conv*", 3]}, ValueError, "layers.1: Input should be a valid string, got 3"),
         ({"report_every": 0}, ValueError, "report_every: Input should be greater than or equal to 1, got 0"),
         ({"sync_timeout_s": 0}, ValueError, "sync_timeout_s: Input should be greater than 0, got 0"),
@@ -128,7 +129,8 @@ print("ray initialized:", ray.is_initialized())
     ],
 )
 def test_bad_option_fails_on_the_driver(kwargs, error, words):
-    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+    pattern = words if isinstance(words, re.Pattern) else re.escape(words)
+    with pytest.raises(error, match=pattern):
         RayOrmasTrainer(loop, **kwargs)
 
 

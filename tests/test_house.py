@@ -323,6 +323,7 @@ def test_the_framework_modules_without_their_framework_say_what_to_install(modul
 
 def test_the_declared_floors_of_ray_and_ormas_monitor_are_what_ci_installs():
     import tomllib
+
     from packaging.version import Version
 
     from ray_ormas._internal.seams.ray_train import TESTED

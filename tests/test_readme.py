@@ -1,6 +1,7 @@
 """The README gives exactly two commands, and CI runs the test one, word for word, after only the
 setup of the browser the run page's test opens (tests/browser.py): a system package, which the
-README's command on a fresh clone does without (that test is then skipped, saying so)."""
+README's command on a fresh clone does without (that test is then skipped, saying so); and the
+start of the two more version sets' installs, which it checks after (.ci/version_sets)."""
 
 from __future__ import annotations
 
@@ -26,4 +27,5 @@ def test_readme_has_two_commands_and_ci_runs_the_test_one():
         "apt-get install -y -qq chromium; }",
         "export RAY_ORMAS_REQUIRE_BROWSER=1",
     ]
-    assert ci == [*browser, tests]
+    version_sets = ["setsid .ci/version_sets install & sets=$!", "trap 'kill -- -$sets 2>/dev/null || true' EXIT"]
+    assert ci == [*browser, *version_sets, tests, "wait $sets", ".ci/version_sets check"]

@@ -444,7 +444,7 @@ def _heatmap(title: str, checks: pa.Table, alarms: list[dict[str, Any]], kind: s
     ranks is millions of them."""
     attempts, numbers = column(checks, "attempt", 0).astype(np.int64), column(checks, "check", 0).astype(np.int64)
     rank_of = column(checks, "rank", -1).astype(np.int64)
-    span = int(numbers.max()) + 1 if numbers.size else 1
+    span = int(np.max(numbers)) + 1 if numbers.size else 1
     keys, place = np.unique(attempts * span + numbers, return_inverse=True)
     columns = [(int(k // span), int(k % span)) for k in keys]
     per = max(1, math.ceil(len(columns) / MAX_COLUMNS))
