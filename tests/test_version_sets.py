@@ -128,3 +128,24 @@ def test_the_ci_runs_both_sets_after_the_readme_command():
     assert '-m "smoke or not ray and not system"' in sets
     done = subprocess.run(["bash", "-n", str(ROOT / ".ci" / "version_sets")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_table_of_versions_in_the_docs_is_the_sets():
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    head = "| package | oldest | development (ci.txt) | newest |"
+    assert head in text, "docs/contributing.md lost its table of the sets' versions"
+    rows = text.split(head, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
+    files = {"oldest": pins("oldest"), "ci": pins("ci"), "newest": pins("newest")}
+    readme_python = re.search(r"python(3\.\d+) -m venv", (ROOT / "README.md").read_text())
+    assert readme_python, "the README's commands name no python3.X"
+    pythons = {"oldest": str(set_python("oldest")), "ci": readme_python[1], "newest": str(set_python("newest"))}
+    assert rows, "the table has no rows"
+    for row in rows:
+        package, *shown = [cell.strip() for cell in row.strip("|").split("|")]
+        for name, cell in zip(("oldest", "ci", "newest"), shown):
+            if package == "Python":
+                held = pythons[name]
+            else:
+                version = files[name].get(canonicalize_name(package))
+                held = str(version) if version else "-"
+            assert cell == held, f"docs/contributing.md says {package} {cell} in the {name} set; it holds {held}"
