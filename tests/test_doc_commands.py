@@ -255,15 +255,13 @@ class RayHead:
             start_new_session=True,
         )
         self.address = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while (
-            subprocess.run(
-                [ray, "job", "list", "--address", self.address], env=head_env, capture_output=True
-            ).returncode
-            != 0
-        ):
+        # Ready when a job runs: the job server answers before the head's job agent has registered,
+        # and a submission then fails with "No available agent to submit job, please try again later".
+        ready = [ray, "job", "submit", "--address", self.address, "--", "true"]
+        deadline = time.monotonic() + 180
+        while subprocess.run(ready, env=head_env, capture_output=True, timeout=120).returncode != 0:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the head's job server did not come up in 120 s"
+            assert time.monotonic() < deadline, "the head did not run a job within 180 s of its start"
             time.sleep(2)
 
     def stop(self) -> None:
