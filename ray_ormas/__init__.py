@@ -36,6 +36,7 @@ _WHERE = {
     "BatchSize": "_internal.common.settings",
     "MonitorSettings": "_internal.common.settings",
     "FleetSettings": "_internal.common.fleet_settings",
+    "PreflightSettings": "_internal.common.preflight_settings",
     "FleetAction": "_internal.common.fleet_policy",
     "FleetView": "_internal.common.fleet_policy",
     "FleetAlarm": "_internal.common.fleet_records",
@@ -87,6 +88,7 @@ __all__ = [
     "OptionTypeError",
     "OrmasCompatError",
     "OrmasRun",
+    "PreflightSettings",
     "RankMismatchError",
     "RankRow",
     "RankSyncTimeoutError",
@@ -134,6 +136,7 @@ if TYPE_CHECKING:
     from ray_ormas._internal.common.fleet_records import FleetAlarm, RankRow
     from ray_ormas._internal.common.fleet_settings import FleetSettings
     from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+    from ray_ormas._internal.common.preflight_settings import PreflightSettings
     from ray_ormas._internal.common.settings import BatchSize, MonitorSettings
     from ray_ormas._internal.driver.result import OrmasRun, RayOrmasResult
     from ray_ormas._internal.driver.trainer import RayOrmasTrainer

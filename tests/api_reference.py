@@ -34,7 +34,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "Settings",
         "Validated on the driver when built (frozen), shipped to every rank; each is also a section "
         "of a `ray-ormas train` config (docs/cli.md).",
-        ["MonitorSettings", "MLflowSettings", "FleetSettings", "BatchSize"],
+        ["MonitorSettings", "MLflowSettings", "FleetSettings", "PreflightSettings", "BatchSize"],
     ),
     (
         "Your own fleet rule",

@@ -207,6 +207,21 @@ def diagnose_rank_1_at_check_3(view: ray_ormas.FleetView) -> ray_ormas.FleetActi
     return None
 
 
+class FailOnNode:
+    """A pre-flight probe of the tests' own (`PreflightSettings(probes=[FailOnNode(node_id)])`): a
+    read of the run's storage that fails on one node, as an unmounted volume would."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def __call__(self) -> dict[str, Any]:
+        import ray
+
+        if ray.get_runtime_context().get_node_id() == self.node_id:
+            raise OSError("the run's storage is not mounted on this node (a fault the test made)")
+        return {"storage": "readable"}
+
+
 def evict_rank_1_after_the_first_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
     """A fleet policy of the tests' own, a fault that comes back after every restart: from the
     second attempt on, at each attempt's check 3, it asks to evict rank 1's node."""

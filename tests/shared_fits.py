@@ -73,7 +73,7 @@ from ray.train import (
 )
 
 from ray_ormas import BatchSize, FleetSettings, MLflowSettings, RayOrmasResult, RayOrmasTrainer
-from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
+from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED, PREFLIGHT_EXPORTED
 from ray_ormas._internal.head.goodput_keeper import GOODPUT
 from ray_ormas._internal.head.goodput_keeper import SECONDS as GOODPUT_SECONDS
 
@@ -233,6 +233,7 @@ def busy_fit(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> SharedFit
             "scrape_to": str(storage / "metrics.txt"),
             "scrape_until": [
                 ACTIONS_EXPORTED,
+                PREFLIGHT_EXPORTED,
                 *EXPORTED.values(),
                 f"ray_{GOODPUT}",
                 f"ray_{GOODPUT_SECONDS}",

@@ -38,10 +38,27 @@ def alarms(result, kind: str) -> list[dict]:
 
 
 # ------------------------------------------------------------------ on the cluster
-def test_healthy_digits_run_raises_no_fleet_alarm(healthy_fit):
+def test_healthy_digits_run_raises_no_fleet_alarm(healthy_fit, capsys, tmp_path):
     result = healthy_fit.result  # 24 steps, a check every 4 (tests/shared_fits.py)
     fleet = result.ormas.fleet
     assert fleet.alarms == [] and fleet.checks == 6
+    # The pre-flight screen before the first step (on by default): clean, every probe measured on
+    # both ranks; both run on this one node, so there was nothing to compare, and it says so.
+    [screen] = fleet.preflight
+    assert (screen["attempt"], screen["ranks"], screen["clean"], screen["named"]) == (0, 2, True, [])
+    assert screen["note"] == "every rank runs on one node: nothing to compare against"
+    assert 0 < screen["seconds"] < 5, screen  # the budget at 2 workers (docs/fleet-health.md)
+    for row in screen["rows"]:
+        assert row["broken"] == {} and not row["slow"], row
+        assert all(row[k] > 0 for k in ("compute_s", "flops", "link_s", "allreduce_s", "bytes_per_s")), row
+    # ... and where a user looks: `ray-ormas report` and run.html.
+    from ray_ormas._internal.cli.main import main
+
+    assert main(["report", str(healthy_fit.run_dir), "--out", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert "    pre-flight: attempt 0: 2 ranks screened in " in said and ", clean (every rank runs on one node" in said
+    page = (healthy_fit.run_dir / "ormas" / "run.html").read_text()
+    assert "<li class='preflight' data-clean='true'>attempt 0: 2 ranks screened in " in page
     assert [r["rank"] for r in fleet.ranks] == [0, 1] and all(r["nonfinite_checks"] == 0 for r in fleet.ranks)
     digests = ray_ormas.open_records(healthy_fit.run_dir).fleet_checks().to_pydict()["digest"]
     assert len(set(digests)) > 1  # the parameters change between checks ...

@@ -45,7 +45,7 @@ from ray_ormas import FleetSettings, RayOrmasTrainer
 from ray_ormas._internal.common.fleet_records import FleetAlarm
 from ray_ormas._internal.common.options import build
 from ray_ormas._internal.fleet.actions import ActionPlanner, CheckpointBook
-from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED
+from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED, PREFLIGHT_EXPORTED
 from ray_ormas._internal.head.rank_stacks import RankHandle
 
 from .loops import digits_loop
@@ -243,8 +243,15 @@ def test_the_fleet_and_its_actions_are_in_rays_metrics(busy_fit):
     # counter, and the actions' counter (the busy fit's diagnoses, carried out as "log": they only
     # take stacks). Read during the run: Ray drops a gauge about 20 s after its last report.
     text = (busy_fit.storage / "metrics.txt").read_text()
-    for name in [ACTIONS_EXPORTED, *EXPORTED.values()]:
+    for name in [ACTIONS_EXPORTED, PREFLIGHT_EXPORTED, *EXPORTED.values()]:
         assert name in text, f"{name} is not among Ray's exported metrics"
+    # The pre-flight screen's gauge, one series per node and probe (one node here).
+    screened = [
+        line
+        for line in text.splitlines()
+        if line.startswith(PREFLIGHT_EXPORTED + "{") and 'probe="compute"' in line and 'run="busy"' in line
+    ]
+    assert screened and float(screened[0].rsplit(" ", 1)[1]) > 0, screened
     assert 'action="log"' in text and 'kind="hang"' in text and 'run="busy"' in text
     # The goodput gauges (head/goodput_keeper.py): the fit's goodput so far, and its seconds by bucket.
     goodput = re.findall(r'ray_ormas_goodput\{[^}]*run="busy"[^}]*window="fit"[^}]*\} ([0-9.e+-]+)', text)

@@ -125,6 +125,11 @@ PLAIN_RAISES_ALLOWED = {
     "what `hasattr` and `from ray_ormas import name` expect",
     ("ray_ormas/_internal/worker/supervised_loop.py", "ValueError"): "the CLI runs the built-in loop only with "
     "the config's model and data sections, which its schema requires",
+    **{
+        ("ray_ormas/_internal/worker/preflight.py", name): "a pre-flight probe's failure, caught where it is raised "
+        "and recorded as the probe's `broken` reason: never raised to the user"
+        for name in ("ArithmeticError", "TimeoutError", "TypeError")
+    },
 }
 BUILTIN_ERRORS = {
     name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)

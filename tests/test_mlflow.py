@@ -92,6 +92,10 @@ def test_one_complete_run_per_fit(healthy_fit):
     assert [m.step for m in losses] == [0, 4, 8, 12, 16, 20]  # one row per check, at its step
     assert len(client.get_metric_history(run.info.run_id, "ormas/grad_norm/conv2.0")) == 6
     assert client.get_metric_history(run.info.run_id, "ormas/events/manifest")[0].step == 0
+    # The pre-flight screen: its seconds and the ranks it named, at the attempt's number.
+    [screened] = client.get_metric_history(run.info.run_id, "fleet/preflight/seconds")
+    [named] = client.get_metric_history(run.info.run_id, "fleet/preflight/named")
+    assert (screened.step, named.step, named.value) == (0, 0, 0.0) and 0 < screened.value < 5
     assert artifacts(client, run.info.run_id, "ormas/model/segment-000") == RECORD_FILES
     assert run.data.tags["ray_ormas.final_checkpoint"] == result.checkpoint.path
     record = "".join((result.ormas.record_dir / f).read_text() for f in ("diary.jsonl", "metrics.jsonl"))

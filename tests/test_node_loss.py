@@ -173,6 +173,35 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
 
 
 @pytest.mark.timeout(1000)
+def test_a_node_slow_for_real_and_a_probe_that_fails_on_another_are_named_before_the_first_step(lost_nodes):
+    # tests/scenarios/evict.py: before attempt 0's first step, node A's workers ran under a CPU
+    # quota (a quarter of a CPU) and the screen's own probe failed on node B. The screen's
+    # action is `log`: the fit trained on (the straggler and the evicts that follow are the other tests').
+    outcome, _, log = outcome_of(lost_nodes, "evict")
+    assert "error" not in outcome and outcome["finished"], log[-4000:]
+    a, b = outcome["nodes"]["A"], outcome["nodes"]["B"]
+    first, *later = outcome["preflight"]
+    rows = {r["node_id"]: r for r in first["rows"]}
+    assert first["attempt"] == 0 and set(rows) == {a, b} and first["note"] is None, first
+    slow, broken = rows[a], rows[b]
+    assert slow["slow"] and slow["compute_s"] > 2 * slow["compute_peers_s"], slow  # named against its peer's median
+    assert slow["why"].startswith("its matmul took") and slow["broken"] == {}, slow
+    probe = "tests.loops:FailOnNode"
+    assert list(broken["broken"]) == [probe] and "not mounted" in broken["broken"][probe], broken
+    assert slow["facts"] == {probe: {"storage": "readable"}}
+    [alarm] = [x for x in outcome["alarms"] if x["kind"] == "preflight" and x["attempt"] == 0]
+    assert sorted(alarm["ranks"]) == [0, 1] and alarm.get("run_step") is None
+    assert f"({a[:8]}): its matmul took" in alarm["message"], alarm
+    assert f"({b[:8]}): {probe} is broken (OSError" in alarm["message"], alarm
+    assert first["named"] == sorted(alarm["ranks"]) and not first["clean"]
+    # Every attempt was screened; node A is in none of the later ones, and B's probe fails where B is.
+    assert [s["attempt"] for s in outcome["preflight"]] == [0, 1, 2]
+    for screen in later:
+        nodes = {r["node_id"]: r for r in screen["rows"]}
+        assert a not in nodes and (b not in nodes or nodes[b]["broken"]), screen
+
+
+@pytest.mark.timeout(1000)
 def test_a_policy_evicts_on_its_own_rule_until_max_actions_then_only_logs(lost_nodes):
     outcome, storage, log = outcome_of(lost_nodes, "evict")
     assert "error" not in outcome and outcome["finished"], log[-4000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ormas_monitor.record import verify_run
 
-from ray_ormas import BatchSize, FleetSettings, MLflowSettings, MonitorSettings
+from ray_ormas import BatchSize, FleetSettings, MLflowSettings, MonitorSettings, PreflightSettings
 from ray_ormas._internal.cli import main as cli
 from ray_ormas._internal.common.job_config import ConfigError, load_config, schema_reference
 
@@ -169,6 +169,7 @@ NOT_DEFAULT = {
         "evict_scope": ("cluster", "cluster"),
         "max_evict_nodes": (2, 2),
         "policy": ("tests.loops:diagnose_rank_1_at_check_3", diagnose_rank_1_at_check_3),
+        "preflight": ({"factor": 3, "repeats": 2}, PreflightSettings(factor=3.0, repeats=2)),
     },
     BatchSize: {"size": (30, 30), "per": ("global", "global"), "accumulation": (3, 3)},
 }

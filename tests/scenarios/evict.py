@@ -5,7 +5,11 @@ Two worker nodes, A and B, with one training slot each (`evict_slot`, a resource
 fits do not use), host the fit's two ranks. The rank on node A is slow in data loading (the
 loop's `slow_node`): a slow node, not a slow rank.
 
-    attempt 0   on A and B: the straggler alarm names A's rank (data loading) within three
+    attempt 0   on A and B. Before its first step, the pre-flight screen names both: node A is
+                made slow for real (its workers under a CPU quota, tests/scenarios/cpu_quota.py,
+                lifted once the ranks' loops start), and the screen's own probe
+                (tests/loops.py `FailOnNode`) fails on node B. The screen's action is the default,
+                `log`: the fit trains on. Then the straggler alarm names A's rank (data loading) within three
                 checks -> `evict` (FleetSettings.actions): node A is kept out of the run (not
                 drained: Ray's GCS is not told) and the group restarts from Ray's latest
                 checkpoint. Nodes C and D are added once attempt 0 is placed: the spares.
@@ -45,8 +49,9 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ormas import FleetSettings, RayOrmasTrainer
-from tests.loops import digits_loop
+from tests.loops import FailOnNode, digits_loop
 from tests.scenarios import draining_nodes, node_of_task
+from tests.scenarios.cpu_quota import CpuQuota
 
 SLOT_NODE = {"num_cpus": 1, "resources": {"evict_slot": 1}}
 SHARED_NODE = {"num_cpus": 2, "resources": {"evict_slot": 1, "bystander_slot": 1}}  # A and B: the other job too
@@ -54,6 +59,7 @@ STEPS = 75  # attempt 2 starts at run step 50: its check 3 is at 65
 DEADLINE_S = 300
 BYSTANDER_START_S = 120  # the other job's two ranks placed, before the evicting fit starts
 BYSTANDER_END_S = 180  # the other job's end, after the evicting fit's
+QUOTA_SHARE = 0.25  # node A's workers get a quarter of a CPU until attempt 0 trains
 
 
 def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
@@ -62,6 +68,14 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
     node_log.mkdir(parents=True, exist_ok=True)
     nodes = {"A": cluster.add_node(**SHARED_NODE), "B": cluster.add_node(**SHARED_NODE)}
     cluster.wait_for_nodes()
+    quota = CpuQuota(nodes["A"], share=QUOTA_SHARE)  # node A slow for real, until attempt 0 trains
+    try:
+        return evict_fit_on(cluster, storage, nodes, node_log, quota)
+    finally:
+        quota.release()
+
+
+def evict_fit_on(cluster: Cluster, storage: str, nodes: dict[str, Any], node_log: Path, quota: CpuQuota) -> dict:
     bystander, marker, bystander_out = start_the_other_job(cluster, storage)
     spares_joined = Path(storage) / "spares-joined"
     trainer = RayOrmasTrainer(
@@ -85,6 +99,7 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
             actions={"straggler": "evict"},
             policy="tests.loops:evict_rank_1_after_the_first_attempt",
             max_actions=2,
+            preflight={"probes": [FailOnNode(nodes["B"].node_id)]},
         ),
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "evict_slot": 1}),
         run_config=RunConfig(name="evict", storage_path=storage, failure_config=FailureConfig(max_failures=3)),
@@ -103,6 +118,7 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
                 ranks=fleet.ranks if fleet else None,
                 checks=fleet.checks if fleet else None,
                 table=fleet.table() if fleet else None,
+                preflight=fleet.preflight if fleet else None,
             )
         except BaseException as e:  # reported to the test, which fails on it
             outcome["error"] = f"{type(e).__name__}: {e}"
@@ -123,6 +139,7 @@ def evict_fit(cluster: Cluster, storage: str) -> dict[str, Any]:
     for spare, placed in (("C", 2), ("D", 2)):
         if not wait_for_starts(placed):
             break
+        quota.release()  # attempt 0's ranks have been screened and train: node A as fast as B again
         nodes[spare] = cluster.add_node(**SLOT_NODE)
         outcome["nodes"][spare] = nodes[spare].node_id
     cluster.wait_for_nodes()

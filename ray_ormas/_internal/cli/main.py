@@ -277,13 +277,16 @@ def _fleet_report(records) -> None:
     """Each fit's fleet health (when it was on): the per-rank table, the alarms and the actions."""
     from ray_ormas._internal.record.fleet_record import (
         action_text,
+        alarm_when,
         fleet_folder,
         fleet_summary,
+        preflight_text,
         ranks_label,
         read_fleet_actions,
         read_fleet_alarms,
         read_fleet_attempts,
         read_fleet_meta,
+        read_fleet_preflight,
         read_fleet_summaries,
         read_fleet_table,
     )
@@ -306,8 +309,10 @@ def _fleet_report(records) -> None:
             print(
                 f"    resized at run step {a.get('run_step')}: {a.get('resized_from')} -> {a.get('world_size')} ranks"
             )
+        for screen in read_fleet_preflight(records.store, fit_id):
+            print(f"    pre-flight: {preflight_text(screen)}")
         for a in alarms:
-            print(f"    alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+            print(f"    alarm {alarm_when(a)}: {a.get('kind')}: {a.get('message')}")
         for x in read_fleet_actions(records.store, fit_id):
             print(f"    action: {action_text(x)}")
 

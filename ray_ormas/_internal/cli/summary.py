@@ -19,7 +19,7 @@ import posixpath
 from collections import Counter
 from typing import Any
 
-from ray_ormas._internal.record.fleet_record import action_text
+from ray_ormas._internal.record.fleet_record import action_text, alarm_when, preflight_text
 from ray_ormas._internal.record.layout import DIARY, METRICS
 from ray_ormas._internal.record.run_facts import RunFacts, run_facts
 from ray_ormas._internal.record.store import RecordStore
@@ -107,8 +107,10 @@ def render(
             out.append(
                 f"  resized at run step {a.get('run_step')}: {a.get('resized_from')} -> {a.get('world_size')} ranks"
             )
+        for screen in fleet.preflight:
+            out.append(f"  pre-flight: {preflight_text(screen)}")
         for a in fleet.alarms:
-            out.append(f"  alarm at step {a.get('run_step')}: {a.get('kind')}: {a.get('message')}")
+            out.append(f"  alarm {alarm_when(a)}: {a.get('kind')}: {a.get('message')}")
         for x in fleet.actions:
             out.append(f"  action: {action_text(x)}")
         out.append(f"  fleet record: {fleet.record}")

@@ -21,11 +21,12 @@ from pydantic.dataclasses import dataclass
 
 from ray_ormas._internal.common.fleet_policy import Policy, check_chain, policy_name, resolve_policy
 from ray_ormas._internal.common.options import SETTINGS_CONFIG, refuse_as_option_error
+from ray_ormas._internal.common.preflight_settings import PreflightSettings, preflight_settings
 from ray_ormas.errors import OptionError
 
 HangDetector = Literal["off", "observe", "fail"]
 EvictScope = Literal["run", "cluster"]
-ACTION_KINDS = ("straggler", "divergence", "nonfinite", "unreadable", "hang")  # the alarms that can act
+ACTION_KINDS = ("straggler", "divergence", "nonfinite", "unreadable", "hang", "preflight")  # the alarms that can act
 
 HANG_DETECTOR_ENV = "RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR"
 HANG_ACTION_ENV = "RAY_TRAIN_NCCL_RAS_ACTION"
@@ -75,7 +76,7 @@ class FleetSettings:
             between checks so far, at least 120 s). Between an attempt's first check and its
             second (its warm-up) the bound is at least 120 s; see docs/fleet-health.md.
         actions: what an alarm does, by its kind (`straggler`, `divergence`, `nonfinite`,
-            `unreadable`, `hang`): "log" (the default for every kind: name it), "reattempt"
+            `unreadable`, `hang`, `preflight`): "log" (the default for every kind: name it), "reattempt"
             (restart the worker group from a checkpoint through Ray's failure path), "evict" (keep
             the run's later worker groups off the named ranks' nodes, then restart the group on
             other nodes; never the head node or the driver's; see `evict_scope`), "stop" (end the
@@ -97,6 +98,12 @@ class FleetSettings:
         policy: your own rule: a function (or "module:function") that receives a `FleetView` at
             every complete check and returns a `FleetAction` for named ranks, or None
             (docs/fleet-health.md, "Your own rule").
+        preflight: the screen of every attempt's worker group before its first step (a
+            `PreflightSettings`; True: its defaults; False: no screen): a matmul on every rank, a
+            timed exchange between pairs of ranks and an all-reduce, your own probes; a rank
+            slower than its peers on other nodes, or whose probe fails, is named in a `preflight`
+            alarm, which `actions={"preflight": ...}` acts on (docs/fleet-health.md, "Before the
+            first step").
     """
 
     enabled: bool = Field(
@@ -183,6 +190,17 @@ class FleetSettings:
         "returning a FleetAction or null",
     )
 
+    preflight: PreflightSettings = Field(
+        default_factory=PreflightSettings,
+        description="the screen of every attempt's worker group before its first step "
+        "(`ray_ormas.PreflightSettings`; false: none)",
+    )
+
+    @field_validator("preflight", mode="before")
+    @classmethod
+    def _preflight_settings(cls, value: Any) -> Any:
+        return preflight_settings(value)
+
     @field_validator("policy", mode="before")
     @classmethod
     def _policy_callable(cls, value: Any) -> Policy | None:
@@ -224,7 +242,7 @@ class FleetSettings:
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "policy": policy_name(self.policy)}
+        return {**asdict(self), "policy": policy_name(self.policy), "preflight": self.preflight.to_dict()}
 
     def hang_detector_env(self) -> dict[str, str]:
         """The environment variables Ray Train reads on the driver to build its NCCL hang detector."""

@@ -45,11 +45,13 @@ from ray_ormas._internal.record.fit_timeline import read_timelines
 from ray_ormas._internal.record.fleet_record import (
     action_text,
     column,
+    preflight_text,
     ranks_label,
     read_fleet_actions,
     read_fleet_alarms,
     read_fleet_attempts,
     read_fleet_meta,
+    read_fleet_preflight,
     read_fleet_summaries,
     read_fleet_table,
 )
@@ -114,6 +116,7 @@ def build_run_page(records: RunRecords, title: str | None = None) -> str:
             {fit_id: read_fleet_attempts(store, fit_id) for fit_id, *_ in fleets},
             {fit_id: read_fleet_actions(store, fit_id) for fit_id, *_ in fleets},
             {fit_id: len(read_fleet_summaries(store, fit_id)) for fit_id, *_ in fleets},
+            {fit_id: read_fleet_preflight(store, fit_id) for fit_id, *_ in fleets},
         ),
     ]
     return PAGE.format(title=_e(f"{name}: ray-ormas run"), css=CSS, body="\n".join(body))
@@ -388,6 +391,7 @@ def _fleet_section(
     fleet_attempts: dict[str, list[dict[str, Any]]],
     fleet_actions: dict[str, list[dict[str, Any]]],
     fleet_checks: dict[str, int],
+    fleet_preflight: dict[str, list[dict[str, Any]]],
 ) -> str:
     if not fleets:
         return (
@@ -398,8 +402,11 @@ def _fleet_section(
     for fit_id, meta, checks, alarms in fleets:
         marks = [a for a in alarms if a.get("kind") not in RECOVERIES]
         listed = "".join(
-            f"<li><b>{_e(str(a.get('kind')))}</b> at run step {_n(a.get('run_step'))}: {_e(str(a.get('message')))}</li>"
-            for a in alarms
+            f"<li><b>{_e(str(a.get('kind')))}</b> {_when(a)}: {_e(str(a.get('message')))}</li>" for a in alarms
+        )
+        screened = "".join(
+            f"<li class='preflight' data-clean='{str(bool(x.get('clean'))).lower()}'>{_e(preflight_text(x))}</li>"
+            for x in fleet_preflight.get(fit_id, [])
         )
         resizes = "".join(
             f"<li class='resize'>resized at run step {_n(a.get('run_step'))}: {_n(a.get('resized_from'))} to "
@@ -417,6 +424,7 @@ def _fleet_section(
             f"{fleet_checks.get(fit_id, 0)} checks, {len(marks)} alarms</h3>"
             + _heatmap("busy time (data + forward), ms", checks, marks, "busy")
             + _heatmap("straggler score (1 = as fast as the others)", checks, marks, "score")
+            + (f"<ul class='preflight'>{screened}</ul>" if screened else "")
             + (f"<ul class='resizes'>{resizes}</ul>" if resizes else "")
             + (f"<ul class='alarms'>{listed}</ul>" if listed else "<p class='note'>No alarm.</p>")
             + (f"<ul class='actions'>{acted}</ul>" if acted else "")
@@ -426,6 +434,13 @@ def _fleet_section(
         "(every attempt, in order); a ringed cell is an alarm on that rank at that check.</p>"
         f"{''.join(out)}</section>"
     )
+
+
+def _when(alarm: dict[str, Any]) -> str:
+    """An alarm's place: at its run step, or before the first step (the pre-flight screen's)."""
+    if alarm.get("kind") == "preflight" and alarm.get("run_step") is None:
+        return "before the first step"
+    return f"at run step {_n(alarm.get('run_step'))}"
 
 
 def _cell_values(checks: pa.Table, kind: str) -> np.ndarray:

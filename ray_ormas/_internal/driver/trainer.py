@@ -49,6 +49,7 @@ from ray_ormas._internal.common import keys
 from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.common.mlflow_settings import MLflowSettings
+from ray_ormas._internal.common.preflight_settings import PreflightSettings
 from ray_ormas._internal.common.settings import (
     DEFAULT_SYNC_TIMEOUT_S,
     BatchSize,
@@ -288,6 +289,9 @@ class RayOrmasTrainer:
             batches=self.batches,
             local_reports=callback if local else None,
             frameworks=self.frameworks,
+            preflight=self.fleet.preflight
+            if self.fleet is not None and self.fleet.preflight.enabled and not local
+            else None,
         )
         run_config = dataclasses.replace(
             self.run_config,
@@ -529,3 +533,11 @@ def _unknown_options(unknown: dict[str, Any]) -> str:
         f"RayOrmasTrainer got unknown option(s) {', '.join(parts)}. Options: {', '.join(options)}; the "
         f"monitor's thresholds go in monitor_config=ormas_monitor.MonitorConfig(...)"
     )
+
+
+def _screen_of(fleet: FleetSettings | None, local: bool) -> PreflightSettings | None:
+    """The pre-flight screen the workers run before their first step (None: none: fleet health
+    off, the screen off, or Ray Train's local mode, where the loop runs in the driver)."""
+    if fleet is None or not fleet.preflight.enabled or local:
+        return None
+    return fleet.preflight

@@ -340,7 +340,8 @@ class FleetActions:
         where = f"rank{'s' if len(line.ranks) != 1 else ''} {', '.join(map(str, line.ranks)) or '?'}"
         if line.node:
             where += f" on node {line.node}"
-        said = f"the fleet's {line.alarm} alarm ({where}, run step {line.run_step}): {alarm.message}"
+        when = f"run step {line.run_step}" if line.run_step is not None else "before the first step"
+        said = f"the fleet's {line.alarm} alarm ({where}, {when}): {alarm.message}"
         if action == "stop":
             message = f"stopped by {said}"
             self._stop = message

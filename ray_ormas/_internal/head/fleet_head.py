@@ -14,6 +14,8 @@
     a thread    every second      -> StallWatch.poll (fleet/stall.py): no new check in time, a `hang` alarm
     each complete check           -> the user's policy (head/policy_runner.py), if any: a `policy` alarm
                                      when it asks for something
+    each attempt, before its      -> FleetHead.preflight: the ranks' probe results judged (fleet/preflight.py),
+    first step                       the screen's lines in the record, its alarm emitted as a check's
     each check's alarms           -> FleetActions.on_alarms (head/fleet_actions.py): what `FleetSettings.actions`
                                      (or the policy) asks of them, the most severe carried out; the order a
                                      rank reads at its next check is the answer to its `fleet_facts` call
@@ -40,6 +42,7 @@ from ray_ormas._internal.common.fleet_settings import FleetSettings
 from ray_ormas._internal.common.logs import get_logger
 from ray_ormas._internal.fleet.analysis import CheckOutcome, FleetAnalyzer, hang_alarm, unreadable_alarm
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.preflight import ProbeResult, judge
 from ray_ormas._internal.fleet.stall import StallWatch
 from ray_ormas._internal.fleet.wire import Intro, rows_at
 from ray_ormas._internal.head.checkpoint_pins import CheckpointPins
@@ -58,6 +61,7 @@ from ray_ormas._internal.record.fleet_record import (
     read_fleet_actions,
     read_fleet_alarms,
     read_fleet_attempts,
+    read_fleet_preflight,
     read_fleet_summaries,
     read_fleet_table,
 )
@@ -389,6 +393,39 @@ class FleetHead:
             if self._tracking is not None:
                 self._tracking.fleet(mlflow_entries([], [], 0, lines))
 
+    # ------------------------------------------------------------------ the pre-flight screen
+    @property
+    def preflight_timeout_s(self) -> float:
+        """The longest the ranks of an attempt wait for each other's probe results."""
+        return self._spec.settings.preflight.timeout_s
+
+    def preflight(self, attempt: int, results: list[ProbeResult], missing: list[int]) -> Order | None:
+        """An attempt's probe results, every rank's (or all that came: `missing` never did): the
+        verdict to the record (its ranks' lines, then the verdict's), the console, Ray's gauges and
+        MLflow; its alarm emitted as any other, so that its action is carried out (an evict waited
+        for). Returns the order the ranks raise before their first step, if the action gave one.
+        Called off the ledger's event loop: an evict calls out."""
+        verdict = judge(attempt, results, self._spec.settings.preflight, missing)
+        summary = verdict.summary()
+        with self._lock:
+            self._record.append("preflight", [*verdict.rows, {"event": "verdict", **summary}], urgent=True)
+            if self._gauges is not None:
+                self._gauges.screened(verdict.rows)
+            if self._tracking is not None:
+                self._tracking.fleet(mlflow_entries([], [], 0, preflight=[summary]))
+        seconds = f" in {verdict.seconds:.2f} s" if verdict.seconds is not None else ""
+        if verdict.alarm is None:
+            logger.info(
+                "fleet pre-flight: attempt %d, %d ranks screened%s, clean%s",
+                attempt,
+                len(verdict.rows),
+                seconds,
+                f" ({verdict.note})" if verdict.note else "",
+            )
+            return None
+        self._emit(None, [replace(verdict.alarm, time=round(time.time(), 3))], settle=True)
+        return self.order_for(attempt)
+
     def unreadable(self, attempt: int, rank: int, check: int, error: str) -> None:
         """A rank's facts could not be read: an alarm that names it (in the fleet record, one
         warning, the fit's fleet summary), since the checks it misses cannot be analyzed."""
@@ -491,6 +528,7 @@ class FleetHead:
         attempts = read_fleet_attempts(store, self._spec.fit_id)
         actions = read_fleet_actions(store, self._spec.fit_id)
         summaries = read_fleet_summaries(store, self._spec.fit_id)
+        preflight = read_fleet_preflight(store, self._spec.fit_id)
         per_check = self._head_s / self._complete * 1000 if self._complete else None
         return fleet_summary(
             store.shown(self._record.path),
@@ -501,6 +539,7 @@ class FleetHead:
             actions,
             summaries=summaries,
             messages=dict(self._messages),
+            preflight=preflight,
         )
 
 
@@ -523,12 +562,12 @@ def _say_action(line: dict[str, Any]) -> None:
     outcome = f": {line['outcome']}" if line.get("outcome") not in (None, "requested") else ""  # bounded, ...
     reason = f" ({line['reason']})" if line.get("reason") else ""
     logger.warning(
-        "fleet action %d: %s after the %s alarm on ranks %s at run step %s%s%s%s",
+        "fleet action %d: %s after the %s alarm on ranks %s %s%s%s%s",
         line["id"],
         what,
         line["alarm"],
         ranks,
-        line.get("run_step"),
+        f"at run step {line['run_step']}" if line.get("run_step") is not None else "before the first step",
         chosen,
         outcome,
         reason,

@@ -15,6 +15,11 @@ size (a bounded number of series, whatever the number of ranks):
     ray_ormas_fleet_actions_total{run, kind, action}   a counter, one per action an alarm asked for
                                                (`action` is what was carried out: "log" when bounded or failed)
 
+and per node, once per attempt, before its first step (the pre-flight screen, fleet/preflight.py;
+a node's slowest rank):
+
+    ray_ormas_preflight_seconds{run, node, probe="compute"|"link"|"allreduce"}
+
 and per rank, only while the fit has at most `FleetSettings.metrics_ranks` ranks (64 by
 default; one series per rank and node would overwhelm Prometheus on a large cluster, the reason
 Ray 2.53 stopped exporting its own per-worker label by default):
@@ -46,6 +51,7 @@ SLOW = "ormas_fleet_slow_ranks"
 WORST = "ormas_fleet_worst_rank"
 ALARMS = "ormas_fleet_alarms"
 ACTIONS = "ormas_fleet_actions"
+PREFLIGHT = "ormas_preflight_seconds"
 EXPORTED = {
     SCORE: f"ray_{SCORE}",
     SECONDS: f"ray_{SECONDS}",
@@ -55,6 +61,7 @@ EXPORTED = {
     WORST: f"ray_{WORST}",
     ALARMS: f"ray_{ALARMS}_total",
 }
+PREFLIGHT_EXPORTED = f"ray_{PREFLIGHT}"  # set once per attempt, before its first step
 ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an action
 Sample = tuple[str, float, dict[str, str]]  # (metric, value, tags)
 
@@ -98,6 +105,18 @@ def check_samples(
     return samples
 
 
+def preflight_samples(run: str, rows: list[dict[str, Any]]) -> list[Sample]:
+    """A screen's rows as one sample per node and probe: the node's slowest rank's seconds."""
+    slowest: dict[tuple[str, str], float] = {}
+    for r in rows:
+        node = str(r.get("node_id") or r.get("node"))
+        for probe in ("compute", "link", "allreduce"):
+            value = r.get(f"{probe}_s")
+            if isinstance(value, (int, float)):
+                slowest[(node, probe)] = max(value, slowest.get((node, probe), value))
+    return [(PREFLIGHT, value, {"run": run, "node": node, "probe": probe}) for (node, probe), value in slowest.items()]
+
+
 class FleetGauges:
     """The fleet's gauges and counters of one run (tag `run` = the Ray run name)."""
 
@@ -132,6 +151,11 @@ class FleetGauges:
             WORST: Gauge(
                 WORST, description="ray-ormas rank with the lowest straggler score at the last check", tag_keys=("run",)
             ),
+            PREFLIGHT: Gauge(
+                PREFLIGHT,
+                description="ray-ormas pre-flight screen: a node's slowest rank's seconds, by probe",
+                tag_keys=("run", "node", "probe"),
+            ),
         }
         self._alarms = Counter(ALARMS, description="ray-ormas fleet alarms, by kind", tag_keys=("run", "kind"))
         self._actions = Counter(
@@ -144,6 +168,14 @@ class FleetGauges:
             for line in lines:
                 if line.get("event") != "outcome" and line.get("alarm"):
                     self._actions.inc(1, tags={"run": self._run, "kind": line["alarm"], "action": line["action"]})
+        except Exception as e:  # telemetry never breaks training
+            self._say(e)
+
+    def screened(self, rows: list[dict[str, Any]]) -> None:
+        """One attempt's pre-flight rows: per node, its slowest rank's seconds by probe."""
+        try:
+            for sample in preflight_samples(self._run, rows):
+                self._gauges[PREFLIGHT].set(sample[1], tags=sample[2])
         except Exception as e:  # telemetry never breaks training
             self._say(e)
 

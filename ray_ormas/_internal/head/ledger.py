@@ -25,6 +25,11 @@ It does three things:
   (`fleet_facts`, never awaited) and the ledger's `FleetHead` (head/fleet_head.py) scores them, writes
   the fleet record, Ray's metrics and the MLflow entries; `finish_fleet` summarizes it.
 
+* **The pre-flight screen's meeting.** Before the first step of each attempt, every rank hands
+  its probe results to `preflight` (worker/preflight.py) and waits: once all of the attempt's
+  ranks are in (or `PreflightSettings.timeout_s` has passed), the fleet head judges them
+  (head/fleet_head.py `preflight`), and each rank gets the order its alarm's action gave, if any.
+
 * **The MLflow writer's door.** When the fit is tracked, the ledger opens the fit's
   `TrackingWriter` (head/mlflow_writer.py) in the job's MLflow host (head/mlflow_host.py,
   through head/mlflow_link.py; in its own process where there is no host) and passes it rank
@@ -53,6 +58,7 @@ import ray
 from ray_ormas._internal.common.fleet_records import Order
 from ray_ormas._internal.common.meetings import Arrival
 from ray_ormas._internal.fleet.facts import RankFacts
+from ray_ormas._internal.fleet.preflight import ProbeResult
 from ray_ormas._internal.fleet.wire import Intro, rows_at
 from ray_ormas._internal.head.goodput_keeper import GoodputKeeper, GoodputSpec
 from ray_ormas._internal.node.fleet_relay import GROUP_NODES, start_relay
@@ -74,6 +80,16 @@ if TYPE_CHECKING:  # built inside the actor, on the head node, only when asked f
 class _Meeting:
     arrivals: dict[int, Arrival] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Screen:
+    """One attempt's pre-flight screen: the results in, and the verdict's order once judged."""
+
+    results: dict[int, ProbeResult] = field(default_factory=dict)
+    judging: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    order: Order | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,7 @@ class Ledger:
         self._changes: dict[tuple[int, int], asyncio.Event] = {}  # (attempt, check): complete, or held for digests
         self._relays: dict[str, dict[str, Any]] = {}  # attempt token -> node id -> its fleet relay
         self._completed: dict[tuple[int, int], None] = {}  # the last KEEP_COMPLETED complete checks, in order
+        self._screens: dict[int, _Screen] = {}  # attempt -> its pre-flight screen
 
     def alive(self) -> bool:
         """For the MLflow host (head/mlflow_host.py), which drops the writer of a ledger that died."""
@@ -211,6 +228,31 @@ class Ledger:
         await self._conclude(attempt, self._fleet.groups(attempt, check, groups))
         await self._fleet_wait(attempt, check, set())
         return self._fleet.order_for(attempt)
+
+    async def preflight(self, token: str, result: ProbeResult, world_size: int, where: tuple[Any, int]) -> Order | None:
+        """One rank's pre-flight results (`where`: its worker actor and pid, for an action on it).
+        Answers once every rank of the attempt is in, or `timeout_s` after the first came: the
+        order the screen's alarm gave the attempt (head/fleet_actions.py), or None."""
+        if self._fleet is None:
+            return None
+        attempt = self.begin_attempt(token)
+        screen = self._screens.setdefault(attempt, _Screen())
+        screen.results[result.rank] = result
+        if result.node_id is not None:
+            actor, pid = where
+            self._fleet.rank_joined(attempt, result.rank, actor, result.node_id, result.node or "?", pid)
+        if len(screen.results) < world_size:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(screen.done.wait(), self._fleet.preflight_timeout_s)
+        if not screen.judging:  # the last rank in, or the first waiter past the timeout
+            screen.judging = True
+            missing = sorted(set(range(world_size)) - set(screen.results))
+            screen.order = await asyncio.to_thread(
+                self._fleet.preflight, attempt, list(screen.results.values()), missing
+            )
+            screen.done.set()
+        await screen.done.wait()
+        return screen.order
 
     def fleet_relay(self, token: str, node_id: str) -> Any:
         """The fleet relay of node `node_id` for attempt `token` (node/fleet_relay.py), started at

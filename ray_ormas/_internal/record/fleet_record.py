@@ -12,6 +12,8 @@ Layout, under the record root (record/store.py), one folder per `fit()`:
     ormas/fleet/<fit id>/actions.jsonl   one line per action an alarm asked for (fleet/actions.py), and
                                          one more when its outcome is known (`"event": "outcome"`)
     ormas/fleet/<fit id>/stacks.jsonl    the Python stacks a `diagnose` action captured, one line per rank
+    ormas/fleet/<fit id>/preflight.jsonl the pre-flight screen (fleet/preflight.py): one line per rank per
+                                         attempt, before its first step, and one `"event": "verdict"` line
 
 The two tables grow by immutable Parquet parts (record/fleet_tables.py), written every
 PART_EVERY_S, soon after an alarm, once PART_MAX_ROWS rows wait, and when the fit ends, on a thread
@@ -57,6 +59,7 @@ from ray_ormas._internal.record.layout import (
     FLEET_CHECKS,
     FLEET_DIR,
     FLEET_META,
+    FLEET_PREFLIGHT,
     FLEET_STACKS,
 )
 from ray_ormas._internal.record.store import RecordStore
@@ -95,7 +98,7 @@ class FleetRecordWriter:
             (self._local / FLEET_META).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         except OSError as e:
             self._fail(e)
-        self._files = {name: self._open(name) for name in ("alarms", "attempts", "actions", "stacks")}
+        self._files = {name: self._open(name) for name in ("alarms", "attempts", "actions", "stacks", "preflight")}
         self._tables = {name: PartsWriter(store, self.path, name) for name in TABLES}
         self._parts_lock = threading.Lock()
         self._last_part = time.monotonic()
@@ -305,12 +308,46 @@ def read_fleet_actions(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
     return list(actions.values())
 
 
+def read_fleet_preflight(store: RecordStore, fit_id: str) -> list[dict[str, Any]]:
+    """One fit's pre-flight screens, one dict per attempt screened (its verdict line: `attempt`,
+    `ranks`, `seconds`, `clean`, `named`, `note`, `message`) with its ranks' lines under `rows`,
+    oldest first; empty for a fleet record written before the screen existed."""
+    screens: dict[Any, dict[str, Any]] = {}
+    rows: dict[Any, list[dict[str, Any]]] = {}
+    for line in store.read_lines(posixpath.join(fleet_folder(store, fit_id), FLEET_PREFLIGHT)):
+        if line.get("event") == "verdict":
+            screens[line.get("attempt")] = {k: v for k, v in line.items() if k != "event"}
+        else:
+            rows.setdefault(line.get("attempt"), []).append(line)
+    return [{**screen, "rows": rows.get(attempt, [])} for attempt, screen in screens.items()]
+
+
+def alarm_when(alarm: dict[str, Any]) -> str:
+    """Where an alarm line was raised, in words: "at step N", or "before the first step" (the
+    pre-flight screen's)."""
+    if alarm.get("kind") == "preflight" and alarm.get("run_step") is None:
+        return "before the first step"
+    return f"at step {alarm.get('run_step')}"
+
+
+def preflight_text(screen: dict[str, Any]) -> str:
+    """One attempt's screen in words, as the report, the end-of-run summary and run.html say it."""
+    seconds = f" in {screen['seconds']:.2f} s" if isinstance(screen.get("seconds"), (int, float)) else ""
+    head = f"attempt {screen.get('attempt')}: {screen.get('ranks')} ranks screened{seconds}"
+    if screen.get("clean"):
+        text = f"{head}, clean"
+    else:
+        text = f"{head}: {screen.get('message')}"
+    return f"{text} ({screen['note']})" if screen.get("note") else text
+
+
 def action_text(line: dict[str, Any]) -> str:
     """One action (a line of `read_fleet_actions`) in words, as the report, the end-of-run
     summary and run.html say it."""
     what = ("diagnose, then " if line.get("diagnose") else "") + str(line.get("action"))
     ranks = ", ".join(str(r) for r in line.get("ranks") or []) or "-"
-    text = f"{what} after the {line.get('alarm')} alarm on ranks {ranks} at run step {line.get('run_step')}"
+    where = f" at run step {line.get('run_step')}" if line.get("run_step") is not None else " before the first step"
+    text = f"{what} after the {line.get('alarm')} alarm on ranks {ranks}{where}"
     text += f": {line.get('outcome')}"
     if line.get("seconds") is not None:
         text += f", training again {line['seconds']} s after the alarm"
@@ -368,6 +405,11 @@ class FleetSummary:
             divergence one more from each node asked for group digests and one for the rest of
             its group), `rank_calls` (facts a rank sent the head itself: before its
             node's relay had started).
+        preflight: one dict per attempt screened before its first step (`attempt`, `ranks`,
+            `seconds`: the slowest rank's screen, `clean`, `named`: the ranks its alarm named,
+            `note`: why nothing was compared, `message`: the alarm's, and `rows`: every rank's
+            numbers: `compute_s`, `flops`, `link_s`, `allreduce_s`, `bytes_per_s`, the peers'
+            medians, `facts` your probes returned, `broken`, `slow`, `why`), oldest first.
     """
 
     record: str
@@ -380,6 +422,7 @@ class FleetSummary:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     messages: dict[str, int] = field(default_factory=dict)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def resizes(self) -> list[dict[str, Any]]:
@@ -408,6 +451,7 @@ def fleet_summary(
     actions: list[dict[str, Any]] | None = None,
     summaries: list[dict[str, Any]] | None = None,
     messages: dict[str, int] | None = None,
+    preflight: list[dict[str, Any]] | None = None,
 ) -> FleetSummary:
     """The summary of one fit's check rows (the `checks` table, or its rows as dicts), alarm and
     attempt lines; the number of checks and the last losses from its check `summaries` when
@@ -437,6 +481,7 @@ def fleet_summary(
         attempts=list(attempts or []),
         actions=list(actions or []),
         messages=dict(messages or {}),
+        preflight=list(preflight or []),
     )
 
 
@@ -501,6 +546,7 @@ def mlflow_entries(
     mlflow_ranks: int,
     actions: list[dict[str, Any]] | None = None,
     summaries: list[dict[str, Any]] | None = None,
+    preflight: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, float, int]]:
     """The MLflow metrics (name, value, run step) of fleet lines: the fleet's loss, rank 0's and
     the lowest score of each check (from its `summaries`, else from the rows), each rank's
@@ -534,6 +580,11 @@ def mlflow_entries(
     for a in alarms:
         step = a.get("run_step") if isinstance(a.get("run_step"), int) else a.get("last_run_step", 0)
         out.append((f"fleet/alarms/{a['kind']}", float(len(a.get("ranks") or []) or 1), int(step or 0)))
+    for screen in preflight or []:  # each attempt's screen, at the attempt's number as the step
+        attempt = int(screen.get("attempt") or 0)
+        out.append(("fleet/preflight/named", float(len(screen.get("named") or [])), attempt))
+        if isinstance(screen.get("seconds"), (int, float)):
+            out.append(("fleet/preflight/seconds", float(screen["seconds"]), attempt))
     for line in actions or []:  # 1 for an action carried out, 0 for one that only logged
         if line.get("event") != "outcome" and line.get("alarm"):
             done = 0.0 if line.get("action") == "log" else 1.0

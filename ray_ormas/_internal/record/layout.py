@@ -10,7 +10,7 @@ of these names: every other module takes them from here.
           report.html, ...                        REPORT: ormas-monitor's reports, at the end
           diary.jsonl.parts/0000000000000000      on object storage, a file still open: sent in parts
       fleet/<fit id>/                             FLEET_DIR: fleet.json, checks.jsonl, alarms.jsonl, attempts.jsonl,
-                                                  actions.jsonl, stacks.jsonl
+                                                  actions.jsonl, stacks.jsonl, preflight.jsonl
       goodput/<fit id>.json                       GOODPUT_DIR: the fit's timeline, for its goodput account
       run.html                                    RUN_PAGE: the run on one page (driver/run_page.py)
       .mlflow/<fit id>.json                       JOURNAL_DIR: the fit's MLflow journal (tracking/sync.py)
@@ -42,6 +42,7 @@ FLEET_ALARMS = "alarms.jsonl"
 FLEET_ATTEMPTS = "attempts.jsonl"
 FLEET_ACTIONS = "actions.jsonl"
 FLEET_STACKS = "stacks.jsonl"
+FLEET_PREFLIGHT = "preflight.jsonl"
 JOURNAL_DIR = ".mlflow"
 GOODPUT_DIR = "goodput"  # goodput/<fit id>.json: each fit's timeline (record/fit_timeline.py)
 PARTS_SUFFIX = ".parts"

@@ -225,6 +225,7 @@ def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = N
         mlflow_entries,
         read_fleet,
         read_fleet_actions,
+        read_fleet_preflight,
         read_fleet_summaries,
     )
 
@@ -233,13 +234,14 @@ def fleet_entries(store: RecordStore, fit_id: str, up_to_attempt: int | None = N
         return []
     summaries = read_fleet_summaries(store, fit_id)
     actions = read_fleet_actions(store, fit_id)
+    preflight = read_fleet_preflight(store, fit_id)
     if up_to_attempt is not None:
-        checks, alarms, summaries, actions = (
+        checks, alarms, summaries, actions, preflight = (
             [x for x in lines if (x.get("attempt") or 0) <= up_to_attempt]
-            for lines in (checks, alarms, summaries, actions)
+            for lines in (checks, alarms, summaries, actions, preflight)
         )
     mlflow_ranks = int((meta.get("settings") or {}).get("mlflow_ranks", 64))
-    return mlflow_entries(checks, alarms, mlflow_ranks, actions, summaries=summaries)
+    return mlflow_entries(checks, alarms, mlflow_ranks, actions, summaries=summaries, preflight=preflight)
 
 
 # ------------------------------------------------------------------ comparing and sending

@@ -2,7 +2,9 @@
 
 Built on the driver (driver/trainer.py) and pickled by Ray; on the worker it opens the session
 (session.py), keeps Ray Train's per-report log line out of the console unless asked for
-(seams/ray_train.py), turns on zero-change adoption for the length of the loop (worker/adoption.py), closes every
+(seams/ray_train.py), screens the worker group before its first step (worker/preflight.py:
+the probes, and the order the screen's alarm gave, raised here), turns on zero-change adoption
+for the length of the loop (worker/adoption.py), closes every
 monitor when the loop returns or raises, and re-raises the loop's own exception unchanged.
 """
 
@@ -14,6 +16,7 @@ from typing import Any, Callable
 from ray_ormas._internal.seams.ray_train import hide_report_lines
 from ray_ormas._internal.worker.adoption import Adoption
 from ray_ormas._internal.worker.plan import WorkerPlan
+from ray_ormas._internal.worker.preflight import screen
 from ray_ormas._internal.worker.session import WorkerSession, activate
 
 
@@ -29,6 +32,8 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
         if not plan.settings.ray_report_lines:
             hide_report_lines()  # Ray Train's per-report line with the whole metrics dict, on every rank
         session = WorkerSession(plan)
+        if plan.preflight is not None:  # before any step: an evict or a stop it orders is raised here
+            screen(plan.ledger, session.token, session.rank, session.world_size, plan.preflight)
         activate(session)
         adoption = Adoption(session)
         try:

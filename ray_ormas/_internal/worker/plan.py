@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ray_ormas._internal.common.preflight_settings import PreflightSettings
 from ray_ormas._internal.common.settings import MonitorSettings
 from ray_ormas._internal.record.store import RecordStore
 
@@ -36,6 +37,7 @@ class WorkerPlan:
     # no controller calls there, for the session to call (head/ledger_callback.py)
     local_reports: Any = None
     frameworks: tuple[str, ...] = ()  # Lightning / Transformers, if the loop uses them (worker/adoption.py)
+    preflight: PreflightSettings | None = None  # the screen before the first step (worker/preflight.py); None: none
 
     def batch_for(self, world_size: int) -> dict[str, Any] | None:
         """The batch of an attempt at `world_size` (None when the trainer has no `batch=`)."""
