@@ -251,18 +251,35 @@ def reattempt_the_grown_attempt_once(view: ray_ormas.FleetView) -> ray_ormas.Fle
     return None
 
 
-def evict_rank_1_in_the_fourth_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
-    """A fleet policy of the tests' own for tests/scenarios/acts.py: at the fourth attempt's check
-    1, it asks to evict rank 1's node; in the fifth, at the first check where a rank's loss is
-    NaN, it asks once to restart the group, at the same check as the `nonfinite` alarm (whose
-    action is `stop`: the most severe is carried out)."""
-    if view.attempt == 3 and view.check == 1:
-        return ray_ormas.FleetAction("evict", ranks=[1], reason="attempt 3 reached check 1")
+def reattempt_at_the_fifth_attempts_nan(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+    """A fleet policy of the tests' own for tests/scenarios/acts.py: in the fifth attempt, at the
+    first check where a rank's loss is NaN, it asks once to restart the group, at the same check
+    as the `nonfinite` alarm (whose action is `stop`: the most severe is carried out)."""
     nan = [row.rank for row in view.ranks if row.loss is not None and row.loss != row.loss]  # NaN's ranks
     if view.attempt == 4 and nan and not view.memory.get("asked"):
         view.memory["asked"] = True  # once
         return ray_ormas.FleetAction("reattempt", ranks=nan, reason="a loss that is not finite: start again")
     return None
+
+
+class StorageLostOnRank:
+    """A pre-flight probe of the tests' own for tests/scenarios/acts.py: a read of the run's
+    storage, which fails on `rank` at its `call`-th screen (its attempt's, counted in `count_dir`:
+    one screen per attempt), as a volume that came unmounted on that rank's node would."""
+
+    def __init__(self, rank: int, call: int, count_dir: str) -> None:
+        self.rank, self.call, self.count_dir = rank, call, count_dir
+
+    def __call__(self) -> dict[str, Any]:
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        counted = Path(self.count_dir) / f"preflight-rank{rank}"
+        with counted.open("a") as f:
+            f.write("screened\n")
+        if rank == self.rank and len(counted.read_text().splitlines()) == self.call:
+            raise OSError("the run's storage is not mounted on this node (a fault the test made)")
+        return {"storage": "readable"}
 
 
 def block_forever_before_backward() -> None:

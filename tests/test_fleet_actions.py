@@ -3,8 +3,8 @@
 One fit on a simulated multi-node cluster (tests/scenarios/acts.py, run by the elastic scenario
 on its cluster after the elastic fits, beside the node-loss scenario: tests/scenario_runs.py),
 its two ranks on two worker nodes of three, as the one trial of a Ray Tune sweep, carries five
-faults, one per attempt, each injected by the test's loop (tests/loops.py) or its policy, never
-by a switch in the package:
+faults, one per attempt, each injected by the test's loop (tests/loops.py), its pre-flight probe
+or its policy, never by a switch in the package:
 
     attempt 0   rank 1 changes its weights outside DDP after step 22: `divergence` at run step 25
                 -> reattempt, from the checkpoint at run step 20 (not Ray's latest, 30, taken
@@ -14,8 +14,8 @@ by a switch in the package:
                    (its worker is ended)
     attempt 2   rank 1 raises Ray's NCCLHangError at step 34: a worker failure, `nccl_hang`
                 (no action: Ray's own failure policy restarts the group)
-    attempt 3   the test's policy evicts rank 1's node: kept out of the run, the group restarts on
-                the spare
+    attempt 3   the test's pre-flight probe fails on rank 1 before the first step: its node is
+                evicted (kept out of the run), the group restarts on the spare
     attempt 4   rank 1's loss is NaN at step 45: `nonfinite` -> stop: `FleetStopError`, which
                 neither Ray nor Tune retries (max_failures would allow one more restart)
 
@@ -166,21 +166,29 @@ def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restar
 
 @pytest.mark.timeout(400)
 def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
-    # Each attempt's two ranks wrote their node when they started, in that order.
+    # Each attempt's two ranks wrote their node when they started, in that order (the loop's
+    # start, after the pre-flight screen: attempt 3's ranks never started their loop).
     starts = list(acted.outcome["starts"].items())
     nodes = [{name.rsplit("-", 1)[1]: node for name, node in starts[i : i + 2]} for i in range(0, len(starts), 2)]
-    assert len(nodes) == 5 and all(set(n) == {"rank0", "rank1"} for n in nodes), starts
-    [asked, _] = [a for a in acted.alarms() if a["kind"] == "policy"]
-    assert (asked["attempt"], asked["ranks"]) == (3, [1])
-    evict = next(a for a in acted.actions() if a["alarm"] == "policy")
-    assert (evict["action"], evict["outcome"], evict["evicted_ids"]) == ("evict", "done", [nodes[3]["rank1"]]), evict
+    assert len(nodes) == 4 and all(set(n) == {"rank0", "rank1"} for n in nodes), starts
+    # Attempt 3's screen: the probe failed on rank 1, named broken before the first step.
+    screens = ray_ormas.open_records(acted.run_dir).fleet_preflight().to_pylist()
+    broken = next(r for r in screens if r["attempt"] == 3 and r["rank"] == 1)
+    assert "not mounted" in json.loads(broken["broken"])["tests.loops:StorageLostOnRank"], broken
+    [asked] = [a for a in acted.alarms() if a["kind"] == "preflight" and a["ranks"] == [1]]
+    assert asked["attempt"] == 3 and asked.get("run_step") is None
+    evict = next(a for a in acted.actions() if a["alarm"] == "preflight")
+    assert (evict["action"], evict["outcome"], evict["evicted_ids"]) == ("evict", "done", [broken["node_id"]]), evict
     # The next attempt ran without it (on the node left and the spare); the node was only kept out
     # of this run: alive, and not drained (no other run on it would be preempted).
-    assert nodes[3]["rank1"] not in nodes[4].values() and len(set(nodes[4].values())) == 2
-    assert acted.outcome["alive"][nodes[3]["rank1"]] is True and acted.outcome["draining"] == []
-    # Ray's latest checkpoint when the action was decided: 30, or 40 when the ranks (which never
-    # wait for the head) had already reported that one; the group resumed from Ray's latest.
+    assert broken["node_id"] not in nodes[3].values() and len(set(nodes[3].values())) == 2
+    assert acted.outcome["alive"][broken["node_id"]] is True and acted.outcome["draining"] == []
+    # Ray's latest checkpoint when the action was decided (30: attempt 2 failed at step 34); the
+    # group resumed from Ray's latest, having trained nothing on the broken node.
     assert evict["resumed_run_step"] >= evict["checkpoint_run_step"] >= 30 and 0 < evict["seconds"] < 120
+    # Every attempt was screened, two ranks each, and only attempt 3's rank 1 was named.
+    assert sorted((r["attempt"], r["rank"]) for r in screens) == [(a, r) for a in range(5) for r in (0, 1)]
+    assert [(r["attempt"], r["rank"]) for r in screens if r["broken"] != "{}" or r["slow"]] == [(3, 1)], screens
 
 
 @pytest.mark.timeout(400)
@@ -213,7 +221,7 @@ def test_each_restart_is_counted_under_the_alarm_and_action_that_caused_it(acted
     (account,) = ray_ormas.open_records(acted.run_dir).goodput_per_fit()
     assert account.closed and sum(account.buckets.values()) == pytest.approx(account.wall_s)
     causes = [r.cause for r in account.restarts]
-    assert causes == ["divergence reattempt", "hang reattempt", "worker failure", "policy evict"], causes
+    assert causes == ["divergence reattempt", "hang reattempt", "worker failure", "preflight evict"], causes
     assert "NCCLHangError" in (account.restarts[2].error or "")
     # The divergence's restart redid the steps after the checkpoint it chose (run step 20).
     assert account.restarts[0].lost_steps >= 25 - 20 and account.restarts[0].lost_s > 0

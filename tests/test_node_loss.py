@@ -130,7 +130,8 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     # in a row an alarm takes (one alarm, above); the slow node's rank is far below it.
     assert statistics.median(scores[fast]) >= 0.5 and min(scores[slow]) < min(scores[fast]), scores
     paths = records.write_parquet(Path(storage) / "parquet")
-    assert all(paths[t].is_file() for t in ("fleet_checks", "fleet_alarms", "fleet_attempts", "fleet_actions"))
+    tables = ("fleet_checks", "fleet_alarms", "fleet_attempts", "fleet_actions", "fleet_preflight")
+    assert all(paths[t].is_file() for t in tables)
 
     # The eviction: node A kept out of the run (not drained), the group restarted on two of B and
     # the spares C and D, from Ray's latest checkpoint; the record's attempts say so.

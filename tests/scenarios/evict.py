@@ -99,7 +99,9 @@ def evict_fit_on(cluster: Cluster, storage: str, nodes: dict[str, Any], node_log
             actions={"straggler": "evict"},
             policy="tests.loops:evict_rank_1_after_the_first_attempt",
             max_actions=2,
-            preflight={"probes": [FailOnNode(nodes["B"].node_id)]},
+            # A longer matmul than the default 512 (about 40 ms here): a descheduled millisecond
+            # on the busy test machine does not count, a node with a quarter of a CPU does.
+            preflight={"matmul_size": 1024, "probes": [FailOnNode(nodes["B"].node_id)]},
         ),
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "evict_slot": 1}),
         run_config=RunConfig(name="evict", storage_path=storage, failure_config=FailureConfig(max_failures=3)),

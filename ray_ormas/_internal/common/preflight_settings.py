@@ -39,8 +39,9 @@ class PreflightSettings:
         min_bytes_per_s: a group whose all-reduce moves fewer bytes per second (bus bandwidth)
             is named too, every rank of it (None: no floor).
         matmul_size: the compute probe's matrix side (None: 512 on CPU, 4096 on a GPU).
-        repeats: how many times each probe is timed; the median counts (longer screens on large
-            clusters: more repeats).
+        repeats: how many times each probe is timed: the fastest matmul and exchange count (a
+            moment descheduled is noise, a slow node is slow every time), the all-reduce's
+            median (longer, steadier screens on large clusters: more repeats).
         allreduce_mib: the size of the all-reduce and of each pair's exchange, in MiB.
         timeout_s: the longest a rank waits for the other ranks' results; a rank whose probes
             have not come by then is named as broken (it timed out).
@@ -68,7 +69,12 @@ class PreflightSettings:
     matmul_size: int | None = Field(
         default=None, ge=16, le=32768, description="the compute probe's matrix side (null: 512 on CPU, 4096 on GPU)"
     )
-    repeats: int = Field(default=5, ge=1, le=1000, description="how many times each probe is timed (the median counts)")
+    repeats: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="how many times each probe is timed (the fastest counts; the all-reduce's median)",
+    )
     allreduce_mib: float = Field(
         default=1.0, gt=0, le=4096, allow_inf_nan=False, description="the all-reduce's and each exchange's size in MiB"
     )

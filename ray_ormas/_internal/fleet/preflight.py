@@ -7,7 +7,7 @@ rank (measured by worker/preflight.py) and asks `judge` for the verdict; the fle
 The rules (docs/fleet-health.md, "Before the first step"):
 
 * a rank is compared with the ranks on *other* nodes: its matmul time and its link time (the
-  faster of its two pair exchanges) against their median. More than `factor` times the median
+  fastest of its timed runs and pair exchanges) against their median. More than `factor` times the median
   is slow. With one rank, or every rank on one node, there is nothing to compare against, and
   the verdict says so;
 * a floor is absolute: a matmul slower than `min_flops`, an all-reduce below `min_bytes_per_s`;
@@ -32,9 +32,9 @@ class ProbeResult:
     Attributes:
         rank, node, node_id: the rank and where it runs (the node's address and Ray's hex id).
         device: "cpu" or "cuda:N".
-        compute_s: the median seconds of one matmul (None: not measured, it failed).
+        compute_s: the fastest of its timed matmuls, in seconds (None: not measured, it failed).
         flops: the matmul's FLOP/s at that time.
-        link_s: the faster of its two timed exchanges with a partner rank (None: no partner).
+        link_s: the fastest of its timed exchanges with its partner ranks (None: no partner).
         allreduce_s: the median seconds of the group's all-reduce.
         bytes_per_s: the all-reduce's bus bandwidth (bytes each rank moves per second).
         facts: what the user's probes returned, by probe.

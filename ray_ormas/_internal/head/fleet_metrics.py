@@ -126,6 +126,7 @@ class FleetGauges:
         self._run = run
         self._per_rank_up_to = per_rank_up_to
         self._failed = False
+        self._screen: list[Sample] = []  # the last pre-flight screen's samples
         self._gauges = {
             SCORE: Gauge(
                 SCORE,
@@ -172,10 +173,12 @@ class FleetGauges:
             self._say(e)
 
     def screened(self, rows: list[dict[str, Any]]) -> None:
-        """One attempt's pre-flight rows: per node, its slowest rank's seconds by probe."""
+        """One attempt's pre-flight rows: per node, its slowest rank's seconds by probe (set
+        again at every check, as the other gauges are: Ray drops a gauge not set for a while)."""
         try:
-            for sample in preflight_samples(self._run, rows):
-                self._gauges[PREFLIGHT].set(sample[1], tags=sample[2])
+            self._screen = preflight_samples(self._run, rows)
+            for _, value, tags in self._screen:
+                self._gauges[PREFLIGHT].set(value, tags=tags)
         except Exception as e:  # telemetry never breaks training
             self._say(e)
 
@@ -195,7 +198,7 @@ class FleetGauges:
         ranks; none and no summary: alarms alone) and its alarms."""
         try:
             if ranks or summary is not None:
-                samples = check_samples(self._run, ranks, loss_mean, self._per_rank_up_to, summary)
+                samples = check_samples(self._run, ranks, loss_mean, self._per_rank_up_to, summary) + self._screen
                 for metric, value, tags in samples:
                     self._gauges[metric].set(value, tags=tags)
             for a in alarms:

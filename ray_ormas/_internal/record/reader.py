@@ -9,6 +9,7 @@
     records.fleet_alarms()              # pyarrow.Table: one row per fleet alarm
     records.fleet_attempts()            # pyarrow.Table: one row per attempt: world size, resize or not
     records.fleet_actions()             # pyarrow.Table: one row per action an alarm asked for
+    records.fleet_preflight()           # pyarrow.Table: one row per rank per attempt screened before its first step
     records.write_parquet("out/")       # out/events.parquet, out/metrics.parquet, out/fleet_*.parquet
     records.rebuild_reports("local/")   # each segment copied here, its HTML reports rebuilt, verified
 
@@ -40,6 +41,7 @@ from ray_ormas._internal.record.fleet_record import (
     read_fleet,
     read_fleet_actions,
     read_fleet_attempts,
+    read_fleet_preflight,
     read_fleet_table,
 )
 from ray_ormas._internal.record.fleet_tables import CHECKS_TABLE, SUMMARIES_TABLE, plain_schema
@@ -111,6 +113,29 @@ FLEET_ATTEMPTS_SCHEMA = pa.schema(
         ("time", pa.float64()),
         ("event", pa.string()),
         ("resized_from", pa.int32()),
+    ]
+)
+FLEET_PREFLIGHT_SCHEMA = pa.schema(
+    [
+        ("fit_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("rank", pa.int32()),
+        ("node", pa.string()),
+        ("node_id", pa.string()),
+        ("device", pa.string()),
+        ("compute_s", pa.float64()),
+        ("flops", pa.float64()),
+        ("compute_peers_s", pa.float64()),
+        ("link_s", pa.float64()),
+        ("link_peers_s", pa.float64()),
+        ("allreduce_s", pa.float64()),
+        ("bytes_per_s", pa.float64()),
+        ("seconds", pa.float64()),
+        ("slow", pa.bool_()),
+        ("why", pa.string()),
+        ("broken", pa.string()),  # probe -> why, as JSON ("{}": none)
+        ("facts", pa.string()),  # probe -> the facts it returned, as JSON
+        ("note", pa.string()),  # the attempt's: why nothing was compared
     ]
 )
 FLEET_ALARMS_SCHEMA = pa.schema(
@@ -329,6 +354,24 @@ class RunRecords:
         ]
         return pa.Table.from_pylist(rows, schema=FLEET_ACTIONS_SCHEMA)
 
+    def fleet_preflight(self) -> pa.Table:
+        """The pre-flight screen, every fit: one row per rank per attempt screened before its first
+        step, with its numbers, the median of the ranks on other nodes (`*_peers_s`), whether it
+        was slow and why, and what broke (`broken`, probe -> why, as JSON)."""
+        rows = [
+            {
+                **{k: row.get(k) for k in FLEET_PREFLIGHT_SCHEMA.names},
+                "fit_id": fit_id,
+                "broken": json.dumps(row.get("broken") or {}, sort_keys=True),
+                "facts": json.dumps(row.get("facts") or {}, sort_keys=True),
+                "note": screen.get("note"),
+            }
+            for fit_id in self.fleets()
+            for screen in read_fleet_preflight(self.store, fit_id)
+            for row in screen["rows"]
+        ]
+        return pa.Table.from_pylist(rows, schema=FLEET_PREFLIGHT_SCHEMA)
+
     def fleet_alarms(self) -> pa.Table:
         """Fleet health, every fit: one row per alarm; `line` is the whole alarm as JSON."""
         rows = []
@@ -348,7 +391,8 @@ class RunRecords:
         """Write `events.parquet`, `metrics.parquet` and `segments.parquet` (one row per segment:
         its attempt, counts and state at its end, record/run_facts.py) into `out_dir` (a local
         folder), and `fleet_checks.parquet`, `fleet_summaries.parquet`, `fleet_alarms.parquet`,
-        `fleet_attempts.parquet` and `fleet_actions.parquet` when there is a fleet record."""
+        `fleet_attempts.parquet`, `fleet_actions.parquet` and `fleet_preflight.parquet` when there is
+        a fleet record."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
@@ -371,12 +415,14 @@ class RunRecords:
                 fleet_alarms=out / "fleet_alarms.parquet",
                 fleet_attempts=out / "fleet_attempts.parquet",
                 fleet_actions=out / "fleet_actions.parquet",
+                fleet_preflight=out / "fleet_preflight.parquet",
             )
             pq.write_table(self.fleet_checks(), paths["fleet_checks"])
             pq.write_table(self.fleet_summaries(), paths["fleet_summaries"])
             pq.write_table(self.fleet_alarms(), paths["fleet_alarms"])
             pq.write_table(self.fleet_attempts(), paths["fleet_attempts"])
             pq.write_table(self.fleet_actions(), paths["fleet_actions"])
+            pq.write_table(self.fleet_preflight(), paths["fleet_preflight"])
         return paths
 
     def rebuild_reports(self, out_dir: str | os.PathLike, monitor: str | None = None) -> list[SegmentReport]:

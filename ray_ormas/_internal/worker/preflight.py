@@ -4,12 +4,14 @@ worker/loop.py calls `screen` once per attempt, after the session opened and bef
 loop. Every rank, in the same order:
 
 1. the compute probe: a matmul of a matrix side sized to the device (`matmul_side`), timed
-   `repeats` times (CUDA events on a GPU, the wall clock on CPU); its result is checked against
+   `repeats` times (CUDA events on a GPU, the wall clock on CPU), the fastest counting (a
+   moment descheduled on a busy node is noise; a slow node is slow every time, as timeit has
+   it); its result is checked against
    a known answer: A = u v^T and B = w z^T of small integers make A @ B = (v . w) u z^T, exact
    in float32 (and in TF32), so a wrong product is a broken device, not rounding;
 2. the link probe: two rounds of exchanges between pairs of ranks (ranks 0-1, 2-3, ..., then
-   1-2, 3-4, ...), each after a barrier, over the training backend; a rank's link time is the
-   faster of its two, so a rank paired with a slow one is not blamed for it;
+   1-2, 3-4, ...), each after a barrier, over the training backend, `repeats` times a round; a
+   rank's link time is its fastest, so a rank paired with a slow one is not blamed for it;
 3. the collective probe: an all-reduce of `allreduce_mib` over the whole group, timed and
    checked (every rank adds rank + 1: the sum is known);
 4. the user's probes, each a function returning named facts; one that raises is broken.
@@ -82,7 +84,7 @@ def measure(rank: int, world_size: int, settings: PreflightSettings, device: tor
         size = max(int(settings.allreduce_mib * 2**20 / 4), 1)  # float32 elements
         comm_device = _comm_device(device)
         try:
-            link_s = link_probe(rank, world_size, size, comm_device)
+            link_s = link_probe(rank, world_size, size, settings.repeats, comm_device)
             allreduce_s, bytes_per_s = allreduce_probe(rank, world_size, size, settings.repeats, comm_device)
         except Exception as e:  # a wrong sum, or a collective that failed: the rest would hang or fail too
             broken["collective"] = _said(e)
@@ -110,7 +112,8 @@ def measure(rank: int, world_size: int, settings: PreflightSettings, device: tor
 
 
 def compute_probe(side: int, repeats: int, device: torch.device) -> tuple[float, float]:
-    """(median seconds of one side x side matmul, its FLOP/s); raises when the product is wrong."""
+    """(the fastest of `repeats` side x side matmuls in seconds, its FLOP/s); raises when a
+    product is wrong."""
     gen = torch.Generator().manual_seed(20261206)
     u, v, w, z = (torch.randint(1, 4, (side,), generator=gen, dtype=torch.float32) for _ in range(4))
     a, b = torch.outer(u, v).to(device), torch.outer(w, z).to(device)
@@ -123,13 +126,13 @@ def compute_probe(side: int, repeats: int, device: torch.device) -> tuple[float,
         if not torch.equal(product, expected):
             wrong = int((product != expected).sum())
             raise ArithmeticError(f"the matmul's product is wrong in {wrong} of {side * side} entries")
-    median = statistics.median(times)
-    return median, 2 * side**3 / median if median > 0 else float("inf")
+    fastest = min(times)
+    return fastest, 2 * side**3 / fastest if fastest > 0 else float("inf")
 
 
-def link_probe(rank: int, world_size: int, size: int, device: torch.device) -> float | None:
-    """The faster of this rank's two timed exchanges of `size` floats with a partner (None: it
-    had no partner in either round)."""
+def link_probe(rank: int, world_size: int, size: int, repeats: int, device: torch.device) -> float | None:
+    """The fastest of this rank's timed exchanges of `size` floats with its partners, `repeats`
+    in each of two rounds (None: it had no partner in either round)."""
     send = torch.full((size,), float(rank), device=device)
     got = torch.empty(size, device=device)
     times = []
@@ -139,10 +142,11 @@ def link_probe(rank: int, world_size: int, size: int, device: torch.device) -> f
         if partner is None:
             continue
         _exchange(send[:1], got[:1], partner)  # the pair's connection, made outside the clock
-        _, seconds = _timed(functools.partial(_exchange, send, got, partner), device)
-        if got[0].item() != float(partner):
-            raise ArithmeticError(f"the exchange with rank {partner} received {got[0].item()}, not {partner}")
-        times.append(seconds)
+        for _ in range(repeats):
+            _, seconds = _timed(functools.partial(_exchange, send, got, partner), device)
+            if got[0].item() != float(partner):
+                raise ArithmeticError(f"the exchange with rank {partner} received {got[0].item()}, not {partner}")
+            times.append(seconds)
     dist.barrier()
     return min(times) if times else None
 
