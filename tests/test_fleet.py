@@ -393,6 +393,9 @@ def test_the_grafana_dashboard_shows_the_exported_metrics():
 
     goodput = {name for e in exprs for name in re.findall(r"ray_ormas_goodput\w*", e)}
     assert goodput == {f"ray_{GOODPUT}", f"ray_{SECONDS}"}
+    from ray_ormas._internal.head.fleet_metrics import PREFLIGHT_EXPORTED
+
+    assert {name for e in exprs for name in re.findall(r"ray_ormas_preflight\w*", e)} == {PREFLIGHT_EXPORTED}
     assert all('run=~"$run"' in e for e in exprs)
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run"}
 

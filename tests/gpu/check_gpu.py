@@ -6,6 +6,9 @@ What CPU runs cannot show, on every GPU of the machine (world size = GPU count, 
   2. FSDP2 (`strategy="fsdp"`) with bf16 parameters (`MixedPrecisionPolicy`): global gradient
      norms recorded, the record verifies.
   3. fp16 autocast with a CUDA GradScaler given to the monitor: no alarm from scaler overflows.
+  4. the pre-flight screen's compute probe on each GPU (a 4096 matmul, known answer, timed with
+     CUDA events): its TFLOP/s; with more than one GPU, the DDP run's screen (NCCL exchanges and
+     all-reduce) has every rank's row on a CUDA device.
 Prints one line per check and exits 1 if any fails, 2 without CUDA. With one GPU the
 SyncBatchNorm run has nothing to synchronise (world size 1) and says so. Not part of the CPU
 test suite; run it when a GPU machine is available and put the output in the issue note.
@@ -139,6 +142,26 @@ def run(
     return problem is None
 
 
+def preflight_probe(gpus: int) -> bool:
+    """The compute probe of worker/preflight.py on each GPU, outside Ray: the product checked
+    against its known answer, the time from CUDA events."""
+    from ray_ormas import PreflightSettings
+    from ray_ormas._internal.worker.preflight import compute_probe
+
+    side = PreflightSettings().matmul_side(on_gpu=True)
+    ok = True
+    for index in range(gpus):
+        try:
+            seconds, flops = compute_probe(side, 5, torch.device(f"cuda:{index}"))
+            said = f"cuda:{index} {side}x{side} matmul {seconds * 1000:.2f} ms, {flops / 1e12:.1f} TFLOP/s"
+            problem = None
+        except Exception as e:  # a wrong product is an ArithmeticError
+            said, problem = "", f"{type(e).__name__}: {e}"
+            ok = False
+        print(f"{'FAIL' if problem else 'ok  '}  {'preflight':<12} {said} {problem or ''}", flush=True)
+    return ok
+
+
 def main() -> int:
     import argparse
 
@@ -163,6 +186,9 @@ def main() -> int:
 
     def syncbn(result, events):
         out = result.return_value
+        screens = result.ormas.fleet.preflight if result.ormas.fleet is not None else []
+        if gpus > 1 and not all(r["device"].startswith("cuda") and not r["broken"] for s in screens for r in s["rows"]):
+            return f"the pre-flight screen's rows: {screens}"
         if out["bn_types"] != ["SyncBatchNorm"]:
             return f"BatchNorm types {out['bn_types']}"
         if set(out["pairs"]) != {"conv1.0", "conv2.0", "conv3.0"}:
@@ -190,6 +216,7 @@ def main() -> int:
         return None
 
     ok = [
+        preflight_probe(gpus),
         run(
             "ddp-syncbn",
             ddp_syncbn_loop,
