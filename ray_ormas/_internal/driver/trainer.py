@@ -289,9 +289,7 @@ class RayOrmasTrainer:
             batches=self.batches,
             local_reports=callback if local else None,
             frameworks=self.frameworks,
-            preflight=self.fleet.preflight
-            if self.fleet is not None and self.fleet.preflight.enabled and not local
-            else None,
+            preflight=_screen_of(self.fleet, local),
         )
         run_config = dataclasses.replace(
             self.run_config,

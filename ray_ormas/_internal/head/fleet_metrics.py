@@ -15,8 +15,8 @@ size (a bounded number of series, whatever the number of ranks):
     ray_ormas_fleet_actions_total{run, kind, action}   a counter, one per action an alarm asked for
                                                (`action` is what was carried out: "log" when bounded or failed)
 
-and per node, once per attempt, before its first step (the pre-flight screen, fleet/preflight.py;
-a node's slowest rank):
+and per node, from each attempt's screen before its first step (the pre-flight screen,
+fleet/preflight.py; a node's slowest rank; set again at every check of the attempt):
 
     ray_ormas_preflight_seconds{run, node, probe="compute"|"link"|"allreduce"}
 
@@ -61,7 +61,7 @@ EXPORTED = {
     WORST: f"ray_{WORST}",
     ALARMS: f"ray_{ALARMS}_total",
 }
-PREFLIGHT_EXPORTED = f"ray_{PREFLIGHT}"  # set once per attempt, before its first step
+PREFLIGHT_EXPORTED = f"ray_{PREFLIGHT}"  # per attempt, before its first step (set again at every check)
 ACTIONS_EXPORTED = f"ray_{ACTIONS}_total"  # exported once a fit has taken an action
 Sample = tuple[str, float, dict[str, str]]  # (metric, value, tags)
 
