@@ -391,7 +391,9 @@ class FleetSummary:
             entries), when measured.
         attempts: one dict per worker-group attempt (`attempt`, `world_size`, `run_step`, `event`:
             "start", "restart" at the same size, or "resize" with `resized_from`), oldest first.
-            An elastic fit's resizes are here, never among the alarms.
+            An elastic fit's resizes are here, never among the alarms. An attempt that ended
+            before its first step (its pre-flight screen's evict or stop) has no line here: its
+            screen is in `preflight`.
         actions: one dict per action an alarm asked for (`FleetSettings.actions`): the alarm,
             the actions `requested`, the `action` carried out (after the stacks when `diagnose`
             is true), the ranks and node, the checkpoint chosen, the outcome and its reason,
