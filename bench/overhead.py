@@ -45,7 +45,7 @@ Per-check cost against world size (logical CPUs: 8 workers on a 2-core machine t
 read the per-check cost, not the step time) and against model size: the paired measurement,
 one run per point.
 
-    python bench/overhead.py --fit-wall [--models mlp] [--steps 40] [--repeats 4] [--workers 2]
+    python bench/overhead.py --fit-wall [--models mlp] [--steps 40] [--repeats 4] [--workers 2] [--without-screen]
 
 What a short fit pays for the integration as a whole: the wall time of `fit()` itself, from the
 call to its return, of the same short loop under plain `TorchTrainer` and under
@@ -54,7 +54,9 @@ alternating in ABBA order on one cluster after one unmeasured plain fit; the rat
 medians, and where the difference goes: the start (from the call to the loop's first step) and
 the end (from the loop's last step to the return). The first ray-ormas fit starts the job's
 MLflow host (docs/mlflow.md), which the later ones share: it is in the medians, and is also
-printed on its own, with the later fits' ratio.
+printed on its own, with the later fits' ratio. `--without-screen` adds a third arm, ray-ormas with
+the pre-flight screen off (`FleetSettings(preflight=False)`), in the same rotation (ABC, CBA), so
+the screen's share is told from the day's drift.
 
     python bench/overhead.py --device cuda --precision bf16 --workers 1
 
@@ -84,6 +86,8 @@ CONFIGS = {
     "repair": {"repair": True},
 }
 WITH_REPORT = {"watch+report": {"repair": False, "report_every": 1}}
+NO_SCREEN = {"watch-noscreen": {"repair": False, "fleet": {"preflight": False}}}  # FleetSettings(**) in _trainer
+FIT_WALL_CONFIGS = {"plain": "plain", "ray-ormas": "watch", "no screen": "watch-noscreen"}
 
 
 def make_model(name: str) -> nn.Module:
@@ -393,8 +397,9 @@ def run_paired(args: argparse.Namespace) -> None:
 
 
 def fit_wall_once(args: argparse.Namespace, model: str, mode: str) -> dict[str, float]:
-    """One whole fit of `bench_loop`, plain or ray-ormas (watch-only, everything else default)."""
-    trainer = _trainer(args, model, "plain" if mode == "plain" else "watch")
+    """One whole fit of `bench_loop`: plain, ray-ormas (watch-only, everything else default) or
+    ray-ormas without the pre-flight screen ("no screen")."""
+    trainer = _trainer(args, model, FIT_WALL_CONFIGS[mode])
     started = time.time()
     out = trainer.fit().return_value  # rank 0's, as Ray Train returns it
     ended = time.time()
@@ -409,9 +414,10 @@ def run_fit_wall(args: argparse.Namespace) -> None:
     print(f"{'model':<7} {'pair':<5} {'trainer':<10} {'fit s':>7} {'start s':>8} {'end s':>7}")
     for model in args.models:
         fit_wall_once(args, model, "plain")  # the cluster's first fit pays for what later ones reuse
-        walls: dict[str, list[dict[str, float]]] = {"plain": [], "ray-ormas": []}
+        modes = ["plain", "ray-ormas", *(["no screen"] if args.without_screen else [])]
+        walls: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
         for rep in range(args.repeats):
-            for mode in ("plain", "ray-ormas") if rep % 2 == 0 else ("ray-ormas", "plain"):
+            for mode in modes if rep % 2 == 0 else modes[::-1]:  # ABBA (ABC CBA): no place favoured
                 row = fit_wall_once(args, model, mode)
                 walls[mode].append(row)
                 print(
@@ -425,6 +431,14 @@ def run_fit_wall(args: argparse.Namespace) -> None:
             mode: (statistics.median(r["start_s"] for r in rows), statistics.median(r["end_s"] for r in rows))
             for mode, rows in walls.items()
         }
+        if args.without_screen:
+            unscreened = statistics.median(r["wall_s"] for r in walls["no screen"])
+            print(
+                f"{model:<7} without the pre-flight screen: {unscreened:.2f} s (start "
+                f"{statistics.median(r['start_s'] for r in walls['no screen']):.2f}), ratio {unscreened / plain:.3f}; "
+                f"the screen's share: {ormas / unscreened:.3f}",
+                flush=True,
+            )
         first, later = walls["ray-ormas"][0], walls["ray-ormas"][1:]
         print(
             f"{model:<7} medians: plain {plain:.2f} s (start {phases['plain'][0]:.2f}, end {phases['plain'][1]:.2f}), "
@@ -490,7 +504,7 @@ def _trainer(args: argparse.Namespace, model: str, config: str) -> Any:
     from ray.train import RunConfig
     from ray.train.torch import TorchTrainer
 
-    from ray_ormas import RayOrmasTrainer
+    from ray_ormas import FleetSettings, RayOrmasTrainer
 
     common: dict[str, Any] = {
         "train_loop_config": _loop_config(args, model, config),
@@ -499,7 +513,9 @@ def _trainer(args: argparse.Namespace, model: str, config: str) -> Any:
     }
     if config == "plain":
         return TorchTrainer(bench_loop, **common)
-    options = {**CONFIGS, **WITH_REPORT}[config]
+    options = dict({**CONFIGS, **WITH_REPORT, **NO_SCREEN}[config] or {})
+    if "fleet" in options:
+        options["fleet"] = FleetSettings(**options["fleet"])
     return RayOrmasTrainer(bench_loop, check_every=args.check_every, verbose=False, **common, **options)
 
 
@@ -606,6 +622,11 @@ def parser() -> argparse.ArgumentParser:
         "--fit-wall",
         action="store_true",
         help="the whole fit() of a short loop, plain TorchTrainer against RayOrmasTrainer, alternating",
+    )
+    p.add_argument(
+        "--without-screen",
+        action="store_true",
+        help="fit-wall: also RayOrmasTrainer with the pre-flight screen off (FleetSettings(preflight=False))",
     )
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument(

@@ -230,16 +230,17 @@ def evict_rank_1_after_the_first_attempt(view: ray_ormas.FleetView) -> ray_ormas
     return None
 
 
-def evict_rank_1_then_stop_the_grown_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
+def evict_rank_1_then_reattempt_the_grown_attempt(view: ray_ormas.FleetView) -> ray_ormas.FleetAction | None:
     """A fleet policy of the tests' own for an elastic fit (tests/scenarios/elastic.py): once, at
     the first attempt's first check from run step 24 on (three epochs of `elastic_loop` at 2
     ranks, so a checkpoint is registered), it asks for rank 1's stacks and then to evict its node;
-    at the third attempt's (the group grown back) check 3, it asks to stop the fit."""
+    at the third attempt's (the group grown back) check 3, it asks to restart the group (whose
+    screen then stops the fit: the scenario's `StorageLostOnRank`)."""
     if view.attempt == 0 and view.run_step >= 24 and not view.memory.get("evicted"):
         view.memory["evicted"] = True
         return ray_ormas.FleetAction(["diagnose", "evict"], ranks=[1], reason=f"run step {view.run_step}")
     if view.attempt == 2 and view.check == 3:
-        return ray_ormas.FleetAction("stop", ranks=[0], reason="the grown attempt reached check 3")
+        return ray_ormas.FleetAction("reattempt", ranks=[0], reason="the grown attempt reached check 3")
     return None
 
 
@@ -263,7 +264,7 @@ def reattempt_at_the_fifth_attempts_nan(view: ray_ormas.FleetView) -> ray_ormas.
 
 
 class StorageLostOnRank:
-    """A pre-flight probe of the tests' own for tests/scenarios/acts.py: a read of the run's
+    """A pre-flight probe of the tests' own for tests/scenarios/acts.py and elastic.py: a read of the run's
     storage, which fails on `rank` at its `call`-th screen (its attempt's, counted in `count_dir`:
     one screen per attempt), as a volume that came unmounted on that rank's node would."""
 

@@ -607,6 +607,26 @@ def test_two_alarms_at_one_check_the_most_severe_acts_and_both_are_recorded():
     assert acts._planner.taken == 1  # the superseded one does not count
 
 
+def test_a_restart_whose_group_its_screen_ends_is_done_though_nothing_resumed():
+    from ray_ormas._internal.head.fleet_actions import FleetActions
+
+    # Attempt 2's reattempt restarts the group; attempt 3's screen stops the fit before its first
+    # step (as in the elastic DDP fit, tests/scenarios/elastic.py): the reattempt was carried out.
+    written: list[dict] = []
+    acts = FleetActions(FleetSettings(actions={"straggler": "reattempt", "preflight": "stop"}), lines_into(written))
+    acts.on_alarms([alarm("straggler", attempt=2)])
+    acts.on_alarms([alarm("preflight", attempt=3)])
+    assert acts.order_for(3).action == "stop"
+    acts.attempt_screened_out(3)
+    reattempt = next(line for line in written if line.get("action") == "reattempt")
+    [outcome] = [line for line in written if line.get("event") == "outcome" and line["id"] == reattempt["id"]]
+    assert outcome["outcome"] == "done" and "resumed_run_step" not in outcome, outcome
+    assert outcome["reason"] == "the group restarted (attempt 3); its pre-flight screen ended it before its first step"
+    acts.finished(stopped=True)  # the stop itself: done, with the fit's FleetStopError
+    ends = {line["id"]: line["outcome"] for line in written if line.get("event") == "outcome"}
+    assert list(ends.values()) == ["done", "done"], written
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_an_evict_on_a_cluster_of_one_node_is_said_before_the_fit(caplog):
     from ray_ormas._internal.driver.capacity import lone_node_eviction

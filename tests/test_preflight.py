@@ -79,6 +79,12 @@ def test_the_settings_are_checked_on_the_driver_and_take_yaml_forms():
     with pytest.raises(OptionError, match="cannot import 'nope:probe'"):
         PreflightSettings(probes=["nope:probe"])
     assert PreflightSettings(probes=["time:monotonic"]).to_dict()["probes"] == ["time:monotonic"]
+    # Two probes of one name (two lambdas, two instances of one class) would share one entry in
+    # the record, a failure of one hidden by the other's facts: refused on the driver.
+    with pytest.raises(OptionError, match=r"two probes are named 'tests.test_preflight:.*<lambda>'"):
+        PreflightSettings(probes=[lambda: {"a": 1}, lambda: {"b": 2}])
+    with pytest.raises(OptionError, match="two probes are named 'time:monotonic'"):
+        PreflightSettings(probes=["time:monotonic", "time:monotonic"])
     assert PreflightSettings().matmul_side(on_gpu=False) == 512 and PreflightSettings().matmul_side(on_gpu=True) == 4096
 
 

@@ -100,6 +100,14 @@ class PreflightSettings:
                 probes.append(resolve_policy(probe))  # type: ignore[arg-type]  # a probe, not a policy
             except OptionError as e:
                 raise OptionError(str(e).replace("(view -> FleetAction or None)", "(no argument -> dict)")) from None
+        names = [policy_name(p) or "probe" for p in probes]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # the record keeps a probe's facts and failure under its name: one would hide the other
+            raise OptionError(
+                f"two probes are named {twice[0]!r} (module:qualname), and a probe's facts and failure are "
+                "kept under its name: define each as a function of its own, or make one probe that "
+                "returns all their facts"
+            )
         return tuple(probes)
 
     @field_serializer("probes")

@@ -202,8 +202,7 @@ class FleetActions:
         done (their outcome says where the group resumed: Ray's latest checkpoint may have
         moved on between the alarm and the restart)."""
         with self._lock:
-            done = [w for w in self._waiting if w.action in RESTARTS and (w.attempt or 0) < attempt]
-            self._waiting = [w for w in self._waiting if w not in done]
+            done = self._restarts_before(attempt)
             resumed, self._resumed = self._resumed, None
             # what the group resumed from: the fleet's choice, or Ray's latest at its run step
             loaded = resumed or (_path(self.book.at_run_step(run_step)) if run_step else None)
@@ -221,6 +220,25 @@ class FleetActions:
                 for line in done
             ],
         )
+
+    def attempt_screened_out(self, attempt: int) -> None:
+        """A new attempt's group started, and its pre-flight screen ordered it to end before its
+        first step (an evict or a stop of its own): the restarts that led to it are done, though
+        the group trained nothing (no run step it resumed from)."""
+        with self._lock:
+            done = self._restarts_before(attempt)
+        now = time.time()
+        why = f"the group restarted (attempt {attempt}); its pre-flight screen ended it before its first step"
+        self._write(
+            "actions",
+            [ActionOutcome(line.id, outcome="done", reason=why, seconds=round(now - line.time, 1)) for line in done],
+        )
+
+    def _restarts_before(self, attempt: int) -> list[ActionLine]:
+        """The restarts waiting for an attempt after theirs, taken off the waiting list (under the lock)."""
+        done = [w for w in self._waiting if w.action in RESTARTS and (w.attempt or 0) < attempt]
+        self._waiting = [w for w in self._waiting if w not in done]
+        return done
 
     def finished(self, stopped: bool = False) -> None:
         """The fit ended (`stopped`: with the `FleetStopError` of a `stop`, as the driver saw it):

@@ -424,7 +424,10 @@ class FleetHead:
             )
             return None
         self._emit(None, [replace(verdict.alarm, time=round(time.time(), 3))], settle=True)
-        return self.order_for(attempt)
+        order = self.order_for(attempt)
+        if order is not None and self._actions is not None:  # the group restarted, and ends here
+            self._actions.attempt_screened_out(attempt)
+        return order
 
     def unreadable(self, attempt: int, rank: int, check: int, error: str) -> None:
         """A rank's facts could not be read: an alarm that names it (in the fleet record, one

@@ -230,7 +230,8 @@ class Ledger:
         return self._fleet.order_for(attempt)
 
     async def preflight(self, token: str, result: ProbeResult, world_size: int, where: tuple[Any, int]) -> Order | None:
-        """One rank's pre-flight results (`where`: its worker actor and pid, for an action on it).
+        """One rank's pre-flight results (`where`: its worker actor, None when no alarm can act,
+        and its pid, for an action on it).
         Answers once every rank of the attempt is in, or `timeout_s` after the first came: the
         order the screen's alarm gave the attempt (head/fleet_actions.py), or None."""
         if self._fleet is None:

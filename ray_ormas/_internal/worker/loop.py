@@ -33,7 +33,7 @@ def wrap_train_loop(user_fn: Callable[..., Any], plan: WorkerPlan) -> Callable[[
             hide_report_lines()  # Ray Train's per-report line with the whole metrics dict, on every rank
         session = WorkerSession(plan)
         if plan.preflight is not None:  # before any step: an evict or a stop it orders is raised here
-            screen(plan.ledger, session.token, session.rank, session.world_size, plan.preflight)
+            screen(plan.ledger, session.token, session.rank, session.world_size, plan.preflight, plan.fleet_acts)
         activate(session)
         adoption = Adoption(session)
         try:
