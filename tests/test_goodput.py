@@ -112,6 +112,30 @@ def test_a_worker_failure_costs_the_steps_redone_and_the_restart_from_the_failur
     assert guessed.lost_s == pytest.approx(1.0 + 0.5) and guessed.restart_s == pytest.approx(0.5 + 9.0)
 
 
+def test_the_first_steps_data_wait_is_no_part_of_a_redone_step():
+    """The first step carries one-offs (0.5 s of set-up before its forward pass, a 0.21 s first
+    check): a step redone repeats none of them, and costs the steady step, bucket by bucket."""
+    timeline = crashed(failed_steps=40)
+    r = timeline.attempts[0].reading
+    # 40 steps: 0.1 s compute (the first 0.5 s longer: warm-up), 0.02 s data wait and 0.01 s
+    # monitoring each; the first step's data wait is 0.5 s, its monitoring 0.21 s.
+    r.update(data_s=0.5 + 39 * 0.02, monitor_s=0.21 + 39 * 0.01, first_step=[0.6, 0.5, 0.21])
+    r["elapsed_s"] = r["compute_s"] + r["data_s"] + r["monitor_s"]  # 6.38 s: Ray's controller saw the failure at 17 s
+    timeline.attempts[0].ended_at = T0 + 17
+    acc = account_of(timeline)
+    (restart,) = acc.restarts
+    assert restart.lost_steps == 10 and restart.lost_s == pytest.approx(10 * (0.1 + 0.02 + 0.01))
+    (a0, _) = acc.attempts
+    b = a0.buckets
+    assert b["lost_progress"] == pytest.approx(1.3) and b["warm_up"] == pytest.approx(0.5)
+    assert b["productive"] == pytest.approx(30 * 0.1) and b["data_wait"] == pytest.approx(0.5 + 29 * 0.02)
+    assert b["monitoring"] == pytest.approx(0.21 + 29 * 0.01) and b["other"] == pytest.approx(0, abs=1e-9)
+    # A record written before the first step's parts were sent: the attempt's mean step, as before.
+    del r["first_step"]
+    old = account_of(timeline).restarts[0]
+    assert old.lost_s == pytest.approx(10 * (0.1 + (0.5 + 39 * 0.02 + 0.21 + 39 * 0.01) / 40))
+
+
 def test_a_hang_is_counted_from_the_last_check_to_the_alarm_then_its_action_restarts():
     t = crashed(failed_steps=None)
     t.attempts[0].cause, t.attempts[0].alarm_at = "hang reattempt", T0 + 15.4
@@ -215,6 +239,11 @@ def test_rank_0s_clock_splits_a_step_into_data_compute_monitor_and_report():
     assert r.steps == 5 and r.data_s == pytest.approx(5 * 0.03, rel=0.3)
     assert r.monitor_s == pytest.approx(5 * 0.01, rel=0.3) and r.report_s == pytest.approx(4 * 0.02, rel=0.3)
     assert r.compute_s < 5 * 0.02  # what is left: forward and backward of a small layer
+    # The first step's own parts, sent apart: a step redone is priced without its one-offs.
+    assert r.first_step is not None
+    first_compute, first_data, first_monitor = r.first_step
+    assert 0 < first_compute <= r.compute_s
+    assert first_data == pytest.approx(0.03, rel=0.3) and first_monitor == pytest.approx(0.01, rel=0.3)
     assert r.data_s + r.monitor_s + r.report_s + r.compute_s <= r.elapsed_s
     clock.close()
 

@@ -45,6 +45,10 @@ class ClockReading:
     first_compute_s: float  # their compute time
     ended: bool = False  # the loop's end: the attempt's last reading
     closing_s: float = 0.0  # at the loop's end: the final meeting and the record's close
+    # The first step's own (compute, data wait, monitor) seconds: its one-offs (the loop's set-up
+    # after the attach, the loader's start, the first check) are no part of a steady step. None in
+    # records written before it was sent.
+    first_step: tuple[float, float, float] | None = None
 
 
 @dataclass

@@ -292,10 +292,10 @@ def _trained(
     cut: _Cut, a: AttemptTimes, reading: dict[str, Any], resumed_at: int | None, room: float, cursor: float
 ) -> tuple[float, float, int, float]:
     """The attempt's measured span, from its first step to its last reading, into `cut`. Returns
-    (the span's end, the progress lost in it, its steps redone, its mean step time after warm-up).
+    (the span's end, the progress lost in it, its steps redone, its steady step time).
 
-    The steps redone (from the checkpoint the next attempt resumed from to the last reading) take
-    their share of the steps' time, compute, data wait and monitoring alike: lost progress."""
+    The steps redone (from the checkpoint the next attempt resumed from to the last reading) cost
+    the steady step each (`_steady_step`), in compute, data wait and monitoring alike: lost progress."""
     span = min(float(reading["elapsed_s"]), room)
     steps = max(int(reading["steps"]), 1)
     # The worker's step times include waiting in the all-reduce for a rank slow in its data: that
@@ -307,21 +307,38 @@ def _trained(
     warm = 0.0
     if steady is not None and reading.get("first_steps"):
         warm = min(max(0.0, float(reading["first_compute_s"]) - int(reading["first_steps"]) * steady), compute)
-    per_step = (compute - warm + data + monitor) / steps
+    parts = {"productive": compute - warm, "data_wait": data, "monitoring": monitor}
+    per_part = _steady_step(parts, reading.get("first_step"), steps)
     lost_steps = max(0, a.step_offset + int(reading["steps"]) - resumed_at) if resumed_at is not None else 0
-    share = min(lost_steps / steps, 1.0)
-    lost = share * (compute - warm + data + monitor)
-    placed = cut.add("data_wait", data * (1 - share))
-    placed += cut.add("monitoring", monitor * (1 - share))
+    redone = {b: min(lost_steps * per_part[b], total) for b, total in parts.items()}
+    lost = sum(redone.values())
+    placed = cut.add("data_wait", data - redone["data_wait"])
+    placed += cut.add("monitoring", monitor - redone["monitoring"])
     placed += cut.add("checkpoint", float(reading["report_s"]))
     placed += cut.add("warm_up", warm)
     placed += cut.add("lost_progress", lost)
-    placed += cut.add("productive", (compute - warm) * (1 - share))
+    placed += cut.add("productive", parts["productive"] - redone["productive"])
     cut.add("other", span - placed)
     end = cursor + span
     if reading.get("ended"):
         end += cut.add("monitoring", min(float(reading.get("closing_s") or 0.0), room - span))
-    return end, lost, lost_steps, per_step
+    return end, lost, lost_steps, sum(per_part.values())
+
+
+def _steady_step(parts: dict[str, float], first_step: Any, steps: int) -> dict[str, float]:
+    """What a step redone costs, per bucket: the attempt's steps after the first, on average. The
+    first step's data wait and monitoring are one-offs (the loop's set-up after the monitor's
+    attach, the loader's start, the first check) that a step redone does not repeat; its compute
+    beyond the steady step is already out, as warm-up. A reading without the first step's parts
+    (a record written before they were sent), or of one step, gives the plain mean."""
+    if not first_step or steps < 2:
+        return {b: sec / steps for b, sec in parts.items()}
+    _, first_data, first_monitor = (float(x) for x in first_step)
+    return {
+        "productive": parts["productive"] / steps,
+        "data_wait": max(0.0, parts["data_wait"] - first_data) / (steps - 1),
+        "monitoring": max(0.0, parts["monitoring"] - first_monitor) / (steps - 1),
+    }
 
 
 def _tail(
@@ -336,7 +353,7 @@ def _tail(
     """From the attempt's last reading to its failure, into `cut`; returns (the progress lost in
     it, the restart's part of it). A hang: to the alarm, hang; then the action, restart. Else the
     steps after the last check were trained, then redone unless a later checkpoint kept them:
-    as many as a surviving rank had taken when it saw the failure (at the mean step time); without
+    as many as a surviving rank had taken when it saw the failure (at the steady step time); without
     one, half a check interval (the failure's expected place in it). The rest, until Ray's
     controller reported the failure, is the restart's (the wind-down's when nothing restarts)."""
     tail = failed - cursor

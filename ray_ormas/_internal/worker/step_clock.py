@@ -62,6 +62,8 @@ class StepClock:
         self._steps = 0
         self._window: list[float] = []
         self._first: tuple[int, float] | None = None  # (steps, compute) up to the first reading
+        self._last_parts = (0.0, 0.0)  # the step just called: (compute, data wait)
+        self._first_step: tuple[float, float, float] | None = None  # its (compute, data wait, monitor)
         self._in_monitor_since: float | None = None
         self._failed = False
         self._loop_ended = False
@@ -86,6 +88,7 @@ class StepClock:
         compute = max(0.0, now - self._step_began - self._step_data - self._step_report)
         self._compute += compute
         self._data += self._step_data
+        self._last_parts = (compute, self._step_data)
         self._report += self._step_report
         self._step_data = self._step_report = 0.0
         self._steps += 1
@@ -97,9 +100,13 @@ class StepClock:
         """mon.step() returned (after its check, when `checked`): the next step begins; a reading
         goes to the head after a check."""
         now = time.perf_counter()
+        monitor = 0.0
         if self._in_monitor_since is not None:
-            self._monitor += now - self._in_monitor_since
+            monitor = now - self._in_monitor_since
+            self._monitor += monitor
             self._in_monitor_since = None
+        if self._first_step is None and self._steps == 1:  # its one-offs: set-up after the attach, the first check
+            self._first_step = (*self._last_parts, monitor)
         self._step_began = now
         self._data_from = now
         if checked:
@@ -142,6 +149,7 @@ class StepClock:
             first_compute_s=self._first[1],
             ended=ended,
             closing_s=closing_s,
+            first_step=self._first_step,
         )
 
     def send(self, ended: bool = False, closing_s: float = 0.0) -> None:
