@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 
 from ray_ormas import open_records
+from tests.scenarios.evict import SCREEN_FACTOR
 
 pytestmark = pytest.mark.system  # its own Ray head or cluster
 
@@ -126,9 +127,13 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     assert data[slow] > 0.02 > data[fast], data
     first_attempt = [c for c in checks if c["attempt"] == 0 and c["relative_score"] is not None]
     scores = {r: [c["relative_score"] for c in first_attempt if c["rank"] == r] for r in (0, 1)}
-    # The other rank may be slow at a single check on a busy machine, but never for the 3 checks
-    # in a row an alarm takes (one alarm, above); the slow node's rank is far below it.
-    assert statistics.median(scores[fast]) >= 0.5 and min(scores[slow]) < min(scores[fast]), scores
+    slowed = {r: [c["relative_score"] for c in first_attempt if c["rank"] == r and c["step"] >= 20] for r in (0, 1)}
+    # The other rank may be slow at a single check on a busy machine (at its first scored check,
+    # while the processes warm up, it scored 0.05 once), but never for the 3 checks in a row an
+    # alarm takes (one alarm, above). Once node A is slowed, the slow node's rank is below half
+    # its peer's speed at most checks, and the other rank is not.
+    assert statistics.median(scores[fast]) >= 0.5, scores
+    assert statistics.median(slowed[slow]) < 0.5 <= statistics.median(slowed[fast]), slowed
     paths = records.write_parquet(Path(storage) / "parquet")
     tables = ("fleet_checks", "fleet_alarms", "fleet_attempts", "fleet_actions", "fleet_preflight")
     assert all(paths[t].is_file() for t in tables)
@@ -176,7 +181,7 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
 @pytest.mark.timeout(1000)
 def test_a_node_slow_for_real_and_a_probe_that_fails_on_another_are_named_before_the_first_step(lost_nodes):
     # tests/scenarios/evict.py: before attempt 0's first step, node A's workers ran under a CPU
-    # quota (a quarter of a CPU) and the screen's own probe failed on node B. The screen's
+    # quota (a fifth of a CPU) and the screen's own probe failed on node B. The screen's
     # action is `log`: the fit trained on (the straggler and the evicts that follow are the other tests').
     outcome, _, log = outcome_of(lost_nodes, "evict")
     assert "error" not in outcome and outcome["finished"], log[-4000:]
@@ -185,7 +190,8 @@ def test_a_node_slow_for_real_and_a_probe_that_fails_on_another_are_named_before
     rows = {r["node_id"]: r for r in first["rows"]}
     assert first["attempt"] == 0 and set(rows) == {a, b} and first["note"] is None, first
     slow, broken = rows[a], rows[b]
-    assert slow["slow"] and slow["compute_s"] > 2 * slow["compute_peers_s"], slow  # named against its peer's median
+    # named against its peer's median, at the scenario's factor
+    assert slow["slow"] and slow["compute_s"] > SCREEN_FACTOR * slow["compute_peers_s"], slow
     assert slow["why"].startswith("its matmul took") and slow["broken"] == {}, slow
     probe = "tests.loops:FailOnNode"
     assert list(broken["broken"]) == [probe] and "not mounted" in broken["broken"][probe], broken
