@@ -25,7 +25,7 @@ from ray.train import ScalingConfig
 from ray_ormas import BatchSize, RayOrmasTrainer, open_records
 
 from .loops import elastic_loop
-from .scenario_runs import STRATEGIES
+from .scenario_runs import PHASE_TIMEOUT_S, STRATEGIES
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def resized(multi_node) -> tuple[Path, str]:
 
 
 @pytest.mark.system  # its own Ray cluster
-@pytest.mark.timeout(800)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_an_elastic_fit_shrinks_and_grows_with_one_segment_per_size_and_one_mlflow_run(resized, strategy):
     base, log = resized

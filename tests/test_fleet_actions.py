@@ -49,7 +49,7 @@ from ray_ormas._internal.head.fleet_metrics import ACTIONS_EXPORTED, EXPORTED, P
 from ray_ormas._internal.head.rank_stacks import RankHandle
 
 from .loops import digits_loop
-from .scenario_runs import ACTS
+from .scenario_runs import ACTS, PHASE_TIMEOUT_S
 from .scenarios.acts import HANG_AFTER_S, RUN_NAME
 
 
@@ -87,7 +87,7 @@ def acted(multi_node) -> ActedFit:
     return ActedFit(base / "runs" / ACTS, outcome)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_rank_node_and_step(acted):
     message = acted.error
     [nonfinite] = [a for a in acted.alarms() if a["kind"] == "nonfinite"]
@@ -122,7 +122,7 @@ def test_a_stop_action_ends_the_fit_with_the_packages_error_naming_the_alarm_ran
     assert verify_run(acted.run_dir / "ormas" / "model" / Path(last.path).name).ok
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_divergence_restarts_from_the_last_checkpoint_the_replicas_agreed_on(acted):
     [divergence] = [a for a in acted.alarms() if a["kind"] == "divergence"]
     assert (divergence["attempt"], divergence["run_step"], divergence["ranks"]) == (0, 25, [1])
@@ -149,7 +149,7 @@ def test_divergence_restarts_from_the_last_checkpoint_the_replicas_agreed_on(act
     assert later and all(len(d) == 1 for d in later.values()), later
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restarted(acted):
     [hang] = [a for a in acted.alarms() if a["kind"] == "hang"]
     assert hang["attempt"] == 1 and "no rank has reached a new check" in hang["message"]
@@ -166,7 +166,7 @@ def test_a_rank_blocked_forever_is_named_its_stack_captured_and_the_group_restar
     assert acted.outcome["draining"] == []
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
     # Each attempt's two ranks wrote their node when they started, in that order (the loop's
     # start, after the pre-flight screen: attempt 3's ranks never started their loop).
@@ -193,7 +193,7 @@ def test_an_evict_in_a_tune_trial_restarts_the_group_on_the_spare_node(acted):
     assert [(r["attempt"], r["rank"]) for r in screens if r["broken"] != "{}" or r["slow"]] == [(3, 1)], screens
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_hang_error_lands_in_the_fleet_record(acted):
     # Ray's NCCL hang detector needs NCCL (GPUs); on CPU the loop raises the same error class.
     nccl = [a for a in acted.alarms() if a["kind"] == "nccl_hang"]
@@ -202,7 +202,7 @@ def test_a_hang_error_lands_in_the_fleet_record(acted):
     assert not [a for a in acted.actions() if a["alarm"] == "nccl_hang"]  # Ray's own restart, no action
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_actions_are_in_mlflow(acted):
     client = MlflowClient(tracking_uri=f"sqlite:///{acted.run_dir / 'mlflow' / 'mlflow.db'}")
     [run] = client.search_runs(client.search_experiments()[0].experiment_id)
@@ -218,7 +218,7 @@ def test_actions_are_in_mlflow(acted):
     assert params["goodput.restarts"] == "4" and "a divergence reattempt" in params["goodput.restart_causes"]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_each_restart_is_counted_under_the_alarm_and_action_that_caused_it(acted):
     (account,) = ray_ormas.open_records(acted.run_dir).goodput_per_fit()
     assert account.closed and sum(account.buckets.values()) == pytest.approx(account.wall_s)
@@ -368,7 +368,7 @@ def test_actions_are_checked_against_the_rest_of_the_trainer_on_the_driver():
     assert trainer.fleet.action_for("divergence") == ("reattempt",) and trainer.fleet.action_for("hang") == ("log",)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_actions_show_in_the_report_and_on_the_run_page(acted, capsys, tmp_path):
     from ray_ormas._internal.cli.main import main
 

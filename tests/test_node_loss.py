@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 from ormas_monitor.record import verify_run
 
 from ray_ormas import open_records
+from tests.scenario_runs import PHASE_TIMEOUT_S
 from tests.scenarios.evict import SCREEN_FACTOR
 
 pytestmark = pytest.mark.system  # its own Ray head or cluster
@@ -40,7 +41,7 @@ def outcome_of(lost_nodes: tuple[Path, dict[str, str], str], name: str) -> tuple
     return json.loads((base / f"{name}.json").read_text()), storage[name], log
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_losing_the_workers_node_mid_run_ends_in_a_completed_run_and_complete_records(lost_nodes, where):
     outcome, storage, log = outcome_of(lost_nodes, where)
@@ -75,7 +76,7 @@ def test_losing_the_workers_node_mid_run_ends_in_a_completed_run_and_complete_re
     assert [step for segment, step in by_segment if segment == 1] == list(range(resumed_step, 40, 3))
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_without_a_replacement_node_the_wait_is_bounded_by_the_controller_failure_limit(lost_nodes):
     outcome, storage, log = outcome_of(lost_nodes, "bounded")
     assert outcome["finished"], log[-4000:]
@@ -94,7 +95,7 @@ def attempts_nodes(outcome: dict) -> list[dict[int, str]]:
     return [{int(name.split("-rank")[1]): node for name, node in starts[i : i + 2]} for i in range(0, len(starts), 2)]
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_restarts_without_it(
     lost_nodes, capsys, tmp_path
 ):
@@ -178,7 +179,7 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     assert "action: log after the policy alarm on ranks 1" in out and ": bounded" in out
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_node_slow_for_real_and_a_probe_that_fails_on_another_are_named_before_the_first_step(lost_nodes):
     # tests/scenarios/evict.py: before attempt 0's first step, node A's workers ran under a CPU
     # quota (a fifth of a CPU) and the screen's own probe failed on node B. The screen's
@@ -208,7 +209,7 @@ def test_a_node_slow_for_real_and_a_probe_that_fails_on_another_are_named_before
         assert a not in nodes and (b not in nodes or nodes[b]["broken"]), screen
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_a_policy_evicts_on_its_own_rule_until_max_actions_then_only_logs(lost_nodes):
     outcome, storage, log = outcome_of(lost_nodes, "evict")
     assert "error" not in outcome and outcome["finished"], log[-4000:]
@@ -244,7 +245,7 @@ def the_other_job(outcome: dict) -> tuple[dict, list[dict], dict[int, list[str]]
     return other, seen, starts
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_another_job_with_a_worker_on_the_evicted_node_trains_to_its_end_untouched(lost_nodes):
     # The run-scoped evict kept node A out of the evicting fit's later worker groups and told
     # nothing else: the other job, one rank on A (and one on B, which the policy evicts later),
@@ -265,7 +266,7 @@ def test_another_job_with_a_worker_on_the_evicted_node_trains_to_its_end_untouch
     assert len(segments) == 1 and segments[0].complete and segments[0].loop_ended
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(PHASE_TIMEOUT_S)
 def test_gradient_accumulation_is_one_monitor_step_per_optimizer_step(lost_nodes):
     # DDP with 4 micro-batches per optimizer step, on the other job beside the evicting fit (its
     # subject is the same on any cluster; the fit is shared, as docs/contributing.md says).

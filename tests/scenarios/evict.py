@@ -56,9 +56,9 @@ from tests.scenarios.cpu_quota import CpuQuota
 SLOT_NODE = {"num_cpus": 1, "resources": {"evict_slot": 1}}
 SHARED_NODE = {"num_cpus": 2, "resources": {"evict_slot": 1, "bystander_slot": 1}}  # A and B: the other job too
 STEPS = 75  # attempt 2 starts at run step 50: its check 3 is at 65
-DEADLINE_S = 300
-BYSTANDER_START_S = 120  # the other job's two ranks placed, before the evicting fit starts
-BYSTANDER_END_S = 180  # the other job's end, after the evicting fit's
+DEADLINE_S = 600  # the evicting fit's whole run, for a machine twice as slow as a slow day
+BYSTANDER_START_S = 240  # the other job's two ranks placed, before the evicting fit starts
+BYSTANDER_END_S = 360  # the other job's end, after the evicting fit's
 QUOTA_SHARE = 0.2  # node A's workers get a fifth of a CPU until attempt 0 trains
 # The screen's factor: a fixed quota makes A's matmul about 5x its usual time, while B's grows with
 # the load of the scenario beside this one on the same two cores (B's took twice its usual in a

@@ -43,6 +43,10 @@ from tests.scenarios import FAST_NODE_DEATH
 from tests.scenarios.evict import evict_fit
 
 WORKER_NODE = {"num_cpus": 2, "resources": {"train_slot": 2}}
+# Bounds on the waits, for a machine twice as slow as a slow day: a checkpoint registered before
+# the node is lost, and the fit's end after it.
+REGISTERED_WITHIN_S = 360
+FIT_ENDS_WITHIN_S = 600
 
 
 def main(out_dir: str, *fits: str) -> None:
@@ -104,7 +108,7 @@ def lose_the_node(cluster: Cluster, node: Any, storage: str, mode: str) -> tuple
     thread.start()
     fs, base = pafs.FileSystem.from_uri(storage) if "://" in storage else (pafs.LocalFileSystem(), storage)
     run_dir = posixpath.join(base, "node-loss")
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + REGISTERED_WITHIN_S
 
     def checkpoints() -> list[str]:
         infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
@@ -119,7 +123,7 @@ def lose_the_node(cluster: Cluster, node: Any, storage: str, mode: str) -> tuple
     cluster.remove_node(node, allow_graceful=False)
     lost_at = time.monotonic()
     replacement = cluster.add_node(**WORKER_NODE) if replace else None
-    thread.join(timeout=300)
+    thread.join(timeout=FIT_ENDS_WITHIN_S)
     outcome["seconds_after_loss"] = round(time.monotonic() - lost_at, 1)
     outcome["finished"] = not thread.is_alive()
     return outcome, replacement
