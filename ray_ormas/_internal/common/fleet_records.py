@@ -83,9 +83,9 @@ class RankRow(_ReadsLikeAMapping):
     Attributes:
         rank: the rank within its attempt.
         node: the node it runs on (hostname).
-        data_s, forward_s, wall_s: its mean seconds per step since the last check waiting for
-            data, in the forward pass, and in all (None: not timed).
-        timed_steps: how many steps those means are over.
+        data_s, forward_s, wall_s: its median seconds per step over the timed steps up to this
+            check, waiting for data, in the forward pass, and in all (None: not timed).
+        timed_steps: how many steps those medians are over (check_every, at most 8).
         loss: its latest loss (None: not reported).
         nonfinite: whether its loss or a gradient was NaN or infinite.
         digest: its parameters' digest (DDP replicas agree on it).
