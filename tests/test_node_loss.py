@@ -106,9 +106,6 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
     slow = next(rank for rank, node in first.items() if node == a)  # the rank on the slow node
     fast = 1 - slow
 
-    # Named within three checks. Checks at steps 0, 5, 10, ...; each carries the median timings
-    # of the 5 steps up to it, so a straggler is seen at the first check whose steps it slows in
-    # the majority: from step 18, the check at step 20 (steps 18, 19, 20 of 16-20).
     # The fleet record, read back as a user would: every rank at every check of every attempt.
     records = open_records(f"{storage}/evict")
     checks = records.fleet_checks().to_pylist()
@@ -117,6 +114,9 @@ def test_a_slow_node_is_named_within_three_checks_then_evicted_and_the_group_res
         for c in checks
         if c["attempt"] == 0
     ]
+    # Named within three checks. Checks at steps 0, 5, 10, ...; each carries the median timings
+    # of the 5 steps up to it, so a straggler is seen at the first check whose steps it slows in
+    # the majority: from step 18, the check at step 20 (steps 18, 19, 20 of 16-20).
     stragglers = [x for x in outcome["alarms"] if x["kind"] == "straggler"]  # none after the eviction
     assert len(stragglers) == 1, (stragglers, outcome["actions"], seen)
     [alarm] = stragglers
